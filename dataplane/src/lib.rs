@@ -1,1 +1,10 @@
+//! Switchyard's dataplane: the service model, endpoint selection and the kernel backends.
+//!
+//! Nothing here knows about the Kubernetes API; the agent converts API objects into
+//! [`model::Snapshot`] and hands it to a [`backend::Backend`].
+#![forbid(unsafe_code)]
 
+pub mod backend;
+pub mod model;
+pub mod nft;
+pub mod selection;

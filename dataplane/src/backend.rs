@@ -1,0 +1,84 @@
+//! The backend interface every dataplane mode implements, and what a sync reports.
+
+use crate::nft::exec::NftError;
+use crate::nft::transaction::TxStats;
+use std::time::Duration;
+
+/// Errors of a backend sync.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error(transparent)]
+    Nft(#[from] NftError),
+}
+
+impl BackendError {
+    /// A short, stable label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            BackendError::Nft(NftError::Rejected { .. }) => "rejected",
+            BackendError::Nft(NftError::Spawn { .. }) => "spawn",
+            BackendError::Nft(_) => "read",
+        }
+    }
+}
+
+/// What one sync did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    pub full: bool,
+    pub stats: TxStats,
+    pub duration: Duration,
+    /// Front ends left out because another service holds them.
+    pub conflicts: Vec<String>,
+    pub no_local_endpoints: usize,
+    pub services: usize,
+    pub endpoints: usize,
+}
+
+impl SyncReport {
+    /// One human line: what changed and how long it took.
+    pub fn summary(&self) -> String {
+        let s = &self.stats;
+        let what = if s.operations() == 0 {
+            "no changes".to_string()
+        } else {
+            let mut parts = Vec::new();
+            if s.tables_deleted > 0 {
+                parts.push(format!("{} tables replaced", s.tables_deleted));
+            }
+            if s.chains_written > 0 {
+                parts.push(format!(
+                    "{} chains written ({} rules)",
+                    s.chains_written, s.rules_written
+                ));
+            }
+            if s.chains_deleted > 0 {
+                parts.push(format!("{} chains deleted", s.chains_deleted));
+            }
+            parts.push(format!(
+                "+{} -{} elements",
+                s.elements_added, s.elements_deleted
+            ));
+            parts.join(", ")
+        };
+        format!(
+            "{} sync: {} service ports, {} endpoints; {what}; {:.1} ms",
+            if self.full { "full" } else { "partial" },
+            self.services,
+            self.endpoints,
+            self.duration.as_secs_f64() * 1000.0
+        )
+    }
+}
+
+/// A dataplane mode.
+pub trait Backend {
+    /// Bring the kernel to `snapshot`. `full` re-reads the kernel and rewrites every chain.
+    fn sync(
+        &mut self,
+        snapshot: &crate::model::Snapshot,
+        full: bool,
+    ) -> Result<SyncReport, BackendError>;
+    /// Remove everything this backend installed; returns how many tables went away.
+    fn cleanup(&mut self) -> Result<usize, BackendError>;
+}

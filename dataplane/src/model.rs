@@ -1,0 +1,269 @@
+//! The service model: what the kernel must implement, independent of any API types.
+
+use ipnetwork::IpNetwork;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+/// Transport protocol of a service port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// The lower-case name nft and iptables use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// IP family of an address, a service or a kernel table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    pub const ALL: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
+
+    pub fn of(addr: &IpAddr) -> IpFamily {
+        match addr {
+            IpAddr::V4(_) => IpFamily::V4,
+            IpAddr::V6(_) => IpFamily::V6,
+        }
+    }
+
+    pub fn of_net(net: &IpNetwork) -> IpFamily {
+        IpFamily::of(&net.ip())
+    }
+}
+
+impl fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        })
+    }
+}
+
+/// The key of everything: namespace/name:port-name/protocol, as kube-proxy's ServicePortName.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct ServicePortName {
+    pub namespace: String,
+    pub name: String,
+    pub port: String,
+    pub protocol: Protocol,
+}
+
+impl ServicePortName {
+    pub fn new(namespace: &str, name: &str, port: &str, protocol: Protocol) -> Self {
+        ServicePortName {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            port: port.to_string(),
+            protocol,
+        }
+    }
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.port.is_empty() {
+            write!(f, "{}/{}/{}", self.namespace, self.name, self.protocol)
+        } else {
+            write!(
+                f,
+                "{}/{}:{}/{}",
+                self.namespace, self.name, self.port, self.protocol
+            )
+        }
+    }
+}
+
+/// externalTrafficPolicy / internalTrafficPolicy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum TrafficPolicy {
+    #[default]
+    Cluster,
+    Local,
+}
+
+/// Session affinity of a service port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum SessionAffinity {
+    #[default]
+    None,
+    ClientIp {
+        timeout_seconds: u32,
+    },
+}
+
+/// trafficDistribution of a service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum TrafficDistribution {
+    #[default]
+    Unset,
+    PreferClose,
+    PreferSameZone,
+    PreferSameNode,
+}
+
+/// One port of one service, in one IP family: everything needed to program its front ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServicePort {
+    pub name: ServicePortName,
+    pub family: IpFamily,
+    pub cluster_ip: IpAddr,
+    pub port: u16,
+    /// 0 when the service has no node port.
+    pub node_port: u16,
+    pub external_ips: Vec<IpAddr>,
+    pub load_balancer_ips: Vec<IpAddr>,
+    pub load_balancer_source_ranges: Vec<IpNetwork>,
+    pub external_traffic_policy: TrafficPolicy,
+    pub internal_traffic_policy: TrafficPolicy,
+    pub session_affinity: SessionAffinity,
+    pub traffic_distribution: TrafficDistribution,
+    /// 0 when none.
+    pub health_check_node_port: u16,
+}
+
+impl ServicePort {
+    /// True when traffic from outside the cluster is subject to externalTrafficPolicy.
+    pub fn has_external_frontends(&self) -> bool {
+        self.node_port != 0 || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
+    }
+}
+
+/// One endpoint (address and target port) of a service port.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Endpoint {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    /// Node the endpoint runs on, when the slice says.
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    /// Topology hints: zones and nodes the endpoint is meant for.
+    pub hint_zones: Vec<String>,
+    pub hint_nodes: Vec<String>,
+}
+
+impl Endpoint {
+    /// A ready endpoint with no topology information.
+    pub fn ready(ip: IpAddr, port: u16) -> Self {
+        Endpoint {
+            ip,
+            port,
+            ready: true,
+            serving: true,
+            terminating: false,
+            node_name: None,
+            zone: None,
+            hint_zones: Vec::new(),
+            hint_nodes: Vec::new(),
+        }
+    }
+
+    /// True when the endpoint is known to run on `node`.
+    pub fn is_local(&self, node: &str) -> bool {
+        self.node_name.as_deref() == Some(node)
+    }
+}
+
+/// How traffic is told apart as coming from this node's pods (local) or from outside.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub enum LocalDetector {
+    /// No detector: nothing is treated as local, nothing is masqueraded for being external.
+    #[default]
+    None,
+    /// Source address inside one of these CIDRs (ClusterCIDR and NodeCIDR modes).
+    Cidrs(Vec<IpNetwork>),
+    /// Packet arrived on this bridge (BridgeInterface mode).
+    Bridge(String),
+    /// Packet arrived on an interface with this name prefix (InterfaceNamePrefix mode).
+    InterfacePrefix(String),
+}
+
+/// Which node addresses accept NodePort traffic.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub enum NodePortAddresses {
+    /// Every local address (iptables default).
+    #[default]
+    All,
+    /// Local addresses inside these CIDRs.
+    Cidrs(Vec<IpNetwork>),
+}
+
+/// Everything about this node that the rules depend on.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct NodeConfig {
+    pub name: String,
+    /// This node's addresses, primary first within each family.
+    pub node_ips: Vec<IpAddr>,
+    pub local_detector: LocalDetector,
+    pub masquerade_all: bool,
+    /// Bit of the packet mark that requests masquerade (kube-proxy default 14).
+    pub masquerade_bit: u8,
+    pub node_port_addresses: NodePortAddresses,
+    /// Service CIDRs (from ServiceCIDR objects): unallocated addresses inside are dropped.
+    pub service_cidrs: Vec<IpNetwork>,
+    pub localhost_node_ports: bool,
+    pub zone: Option<String>,
+}
+
+impl NodeConfig {
+    pub fn masquerade_mark(&self) -> u32 {
+        1u32 << u32::from(self.masquerade_bit.min(31))
+    }
+
+    /// The node's primary address of a family, if it has one.
+    pub fn primary_ip(&self, family: IpFamily) -> Option<IpAddr> {
+        self.node_ips
+            .iter()
+            .copied()
+            .find(|ip| IpFamily::of(ip) == family)
+    }
+}
+
+/// An immutable, ordered picture of everything to program.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Snapshot {
+    pub node: NodeConfig,
+    /// Keyed by (port name, family): a dual-stack service has one entry per family.
+    pub services: BTreeMap<(ServicePortName, IpFamily), ServicePort>,
+    /// Endpoints per service port, merged over its slices, deduplicated and sorted.
+    pub endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
+}
+
+impl Snapshot {
+    pub fn endpoints_of(&self, name: &ServicePortName) -> &[Endpoint] {
+        self.endpoints.get(name).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    pub fn endpoint_count(&self) -> usize {
+        self.endpoints.values().map(Vec::len).sum()
+    }
+}

@@ -1,0 +1,140 @@
+//! The only I/O of the nftables backend: running `nft`, behind a trait with a fake twin.
+
+use super::listing::{parse_table, ListingError};
+use super::state::{family_name, Ruleset, TABLE};
+use super::transaction::{apply, Transaction};
+use crate::model::IpFamily;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// What can go wrong talking to nft.
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("nft rejected the transaction ({ops} operations): {stderr}")]
+    Rejected { ops: usize, stderr: String },
+    #[error("nft list table {family} {TABLE} failed: {stderr}")]
+    List {
+        family: &'static str,
+        stderr: String,
+    },
+    #[error(transparent)]
+    Listing(#[from] ListingError),
+    #[error("fake nft refused the transaction: {0}")]
+    Fake(String),
+}
+
+/// Reads and writes Switchyard's tables.
+pub trait NftExecutor {
+    /// Our tables as the kernel holds them; a family without a table is absent.
+    fn read(&mut self) -> Result<Ruleset, NftError>;
+    /// Commit a transaction atomically.
+    fn apply(&mut self, tx: &Transaction) -> Result<(), NftError>;
+}
+
+/// The real executor: the `nft` command.
+#[derive(Debug, Clone)]
+pub struct NftCommand {
+    pub program: String,
+}
+
+impl Default for NftCommand {
+    fn default() -> Self {
+        NftCommand {
+            program: "nft".into(),
+        }
+    }
+}
+
+impl NftCommand {
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<(bool, String, String), NftError> {
+        let spawn_err = |source| NftError::Spawn {
+            program: self.program.clone(),
+            source,
+        };
+        let mut child = Command::new(&self.program)
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_err)?;
+        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            // A write error means nft exited early; its stderr says why.
+            let _ = pipe.write_all(text.as_bytes());
+        }
+        let out = child.wait_with_output().map_err(spawn_err)?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ))
+    }
+}
+
+impl NftExecutor for NftCommand {
+    fn read(&mut self) -> Result<Ruleset, NftError> {
+        let mut rs = Ruleset::default();
+        for family in IpFamily::ALL {
+            let fam = family_name(family);
+            let (ok, stdout, stderr) = self.run(&["-j", "list", "table", fam, TABLE], None)?;
+            if !ok {
+                if stderr.contains("No such file or directory") {
+                    continue;
+                }
+                return Err(NftError::List {
+                    family: fam,
+                    stderr,
+                });
+            }
+            rs.tables.insert(family, parse_table(&stdout)?);
+        }
+        Ok(rs)
+    }
+
+    fn apply(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        let (ok, _, stderr) = self.run(&["-f", "-"], Some(&tx.to_nft()))?;
+        if ok {
+            Ok(())
+        } else {
+            Err(NftError::Rejected {
+                ops: tx.ops.len(),
+                stderr,
+            })
+        }
+    }
+}
+
+/// An in-memory kernel: applies transactions atomically and remembers the last one.
+#[derive(Debug, Clone, Default)]
+pub struct FakeNft {
+    pub state: Ruleset,
+    pub last: Option<Transaction>,
+    pub applied: usize,
+    /// Refuse the next transaction, as nft would on a bad rule.
+    pub fail_next: bool,
+}
+
+impl NftExecutor for FakeNft {
+    fn read(&mut self) -> Result<Ruleset, NftError> {
+        Ok(self.state.clone())
+    }
+
+    fn apply(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        if std::mem::take(&mut self.fail_next) {
+            return Err(NftError::Fake("injected failure".into()));
+        }
+        self.state = apply(&self.state, tx).map_err(|e| NftError::Fake(e.0))?;
+        self.last = Some(tx.clone());
+        self.applied += 1;
+        Ok(())
+    }
+}

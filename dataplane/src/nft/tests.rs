@@ -1,0 +1,307 @@
+//! Logic tests of the nftables backend on the fake executor.
+
+use super::exec::FakeNft;
+use super::layout;
+use super::state::Ruleset;
+use super::transaction::{apply, diff, Op};
+use super::NftBackend;
+use crate::backend::Backend;
+use crate::model::*;
+use std::net::IpAddr;
+
+/// Render text with each element list on one line, for substring checks.
+fn flat(text: &str) -> String {
+    text.replace(",\n\t", ", ")
+        .replace("{\n\t", "{ ")
+        .replace("\n}", " }")
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn node() -> NodeConfig {
+    NodeConfig {
+        name: "test-node".into(),
+        node_ips: vec![ip("192.168.0.2")],
+        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+        masquerade_bit: 14,
+        node_port_addresses: NodePortAddresses::Cidrs(vec!["192.168.0.2/32".parse().unwrap()]),
+        service_cidrs: vec!["172.30.0.0/16".parse().unwrap()],
+        ..NodeConfig::default()
+    }
+}
+
+fn port(ns: &str, name: &str, cip: &str, p: u16) -> ServicePort {
+    ServicePort {
+        name: ServicePortName::new(ns, name, "http", Protocol::Tcp),
+        family: IpFamily::of(&ip(cip)),
+        cluster_ip: ip(cip),
+        port: p,
+        node_port: 0,
+        external_ips: vec![],
+        load_balancer_ips: vec![],
+        load_balancer_source_ranges: vec![],
+        external_traffic_policy: TrafficPolicy::Cluster,
+        internal_traffic_policy: TrafficPolicy::Cluster,
+        session_affinity: SessionAffinity::None,
+        traffic_distribution: TrafficDistribution::Unset,
+        health_check_node_port: 0,
+    }
+}
+
+fn snapshot(services: Vec<(ServicePort, Vec<&str>)>) -> Snapshot {
+    let mut s = Snapshot {
+        node: node(),
+        ..Snapshot::default()
+    };
+    for (svc, eps) in services {
+        s.endpoints.insert(
+            svc.name.clone(),
+            eps.iter().map(|e| Endpoint::ready(ip(e), 8080)).collect(),
+        );
+        s.services.insert((svc.name.clone(), svc.family), svc);
+    }
+    s
+}
+
+fn big(n: usize, eps: usize) -> Snapshot {
+    let services = (0..n)
+        .map(|i| {
+            let svc = port(
+                "ns",
+                &format!("svc{i}"),
+                &format!("172.30.{}.{}", i / 250, i % 250 + 1),
+                80,
+            );
+            (svc, vec![])
+        })
+        .collect();
+    let mut s = snapshot(services);
+    for (i, (name, _)) in s
+        .services
+        .keys()
+        .cloned()
+        .collect::<Vec<_>>()
+        .into_iter()
+        .enumerate()
+    {
+        let list = (0..eps)
+            .map(|j| Endpoint::ready(ip(&format!("10.{}.{}.{}", i / 250, i % 250, j + 1)), 8080))
+            .collect();
+        s.endpoints.insert(name, list);
+    }
+    s
+}
+
+#[test]
+fn render_is_deterministic_and_complete() {
+    let mut svc = port("ns1", "svc1", "172.30.0.41", 80);
+    svc.node_port = 3001;
+    svc.external_ips = vec![ip("192.168.99.11")];
+    svc.load_balancer_ips = vec![ip("1.2.3.4")];
+    let s = snapshot(vec![(svc, vec!["10.180.0.1", "10.180.2.1"])]);
+    let a = flat(&NftBackend::<FakeNft>::render(&s).to_nft());
+    let b = flat(&NftBackend::<FakeNft>::render(&s).to_nft());
+    assert_eq!(a, b);
+    for needle in [
+        "add table ip switchyard",
+        "add table ip6 switchyard",
+        "172.30.0.41 . tcp . 80 : goto cluster-2",
+        "192.168.99.11 . tcp . 80 : goto external-2",
+        "1.2.3.4 . tcp . 80 : goto external-2",
+        "tcp . 3001 : goto nodeport-2",
+        "172.30.0.41 . tcp . 80 . 0 : 10.180.0.1 . 8080",
+        "172.30.0.41 . tcp . 80 . 1 : 10.180.2.1 . 8080",
+        "numgen random mod 2 map @backends",
+        "ip saddr != 10.0.0.0/8 jump mark-for-masquerade",
+        "add element ip switchyard service-cidrs { 172.30.0.0/16 }",
+    ] {
+        assert!(a.contains(needle), "render lacks {needle:?}:\n{a}");
+    }
+}
+
+#[test]
+fn service_without_endpoints_rejects_on_every_front_end() {
+    let mut svc = port("ns1", "svc1", "172.30.0.41", 80);
+    svc.node_port = 3001;
+    svc.external_ips = vec![ip("192.168.99.11")];
+    let s = snapshot(vec![(svc, vec![])]);
+    let (rs, _) = layout::desired(&s, &Ruleset::default());
+    let t = rs.table(IpFamily::V4).unwrap();
+    let none = &t.sets[layout::MAP_NO_ENDPOINT_SERVICES].elements;
+    assert_eq!(
+        none.get("172.30.0.41 . tcp . 80"),
+        Some(&Some("goto reject-chain".into()))
+    );
+    assert_eq!(
+        none.get("192.168.99.11 . tcp . 80"),
+        Some(&Some("goto reject-chain".into()))
+    );
+    assert_eq!(
+        t.sets[layout::MAP_NO_ENDPOINT_NODEPORTS]
+            .elements
+            .get("tcp . 3001"),
+        Some(&Some("goto reject-chain".into()))
+    );
+    assert!(t.sets[layout::MAP_SERVICE_IPS].elements.is_empty());
+    assert!(t.sets[layout::SET_CLUSTER_IPS]
+        .elements
+        .contains_key("172.30.0.41"));
+}
+
+#[test]
+fn diff_applied_to_old_gives_new() {
+    let a = big(20, 3);
+    let mut b = a.clone();
+    let first = b.endpoints.keys().next().unwrap().clone();
+    b.endpoints
+        .get_mut(&first)
+        .unwrap()
+        .push(Endpoint::ready(ip("10.9.9.9"), 8080));
+    let (ra, _) = layout::desired(&a, &Ruleset::default());
+    let (rb, _) = layout::desired(&b, &ra);
+    let tx = diff(&ra, &rb, false);
+    let got = apply(&ra, &tx).unwrap();
+    assert_eq!(got.tables.len(), 2);
+    for f in IpFamily::ALL {
+        let (g, w) = (got.table(f).unwrap(), rb.table(f).unwrap());
+        assert_eq!(g.sets, w.sets);
+        for (name, c) in &w.chains {
+            assert!(c.same_as(&g.chains[name]), "chain {name} differs");
+        }
+        assert_eq!(g.chains.len(), w.chains.len());
+    }
+    assert!(diff(&rb, &rb, false).is_empty(), "no-op sync must be empty");
+}
+
+#[test]
+fn one_endpoint_change_touches_few_elements_at_any_scale() {
+    for n in [100, 1000] {
+        let a = big(n, 10);
+        let mut b = a.clone();
+        let key = b.endpoints.keys().nth(n / 2).unwrap().clone();
+        let list = b.endpoints.get_mut(&key).unwrap();
+        list.remove(3);
+        let (ra, _) = layout::desired(&a, &Ruleset::default());
+        let (rb, _) = layout::desired(&b, &ra);
+        let tx = diff(&ra, &rb, false);
+        let st = tx.stats();
+        // Slot 3 refilled by the last endpoint, slot 9 deleted, dispatch re-pointed to
+        // cluster-9 (a new chain with 2 rules); the hairpin pair of the removed endpoint goes.
+        assert!(
+            st.elements_added <= 3 && st.elements_deleted <= 4,
+            "{st:?} at {n}"
+        );
+        assert_eq!(st.chains_written, 1, "{st:?}");
+    }
+}
+
+#[test]
+fn failed_apply_keeps_kernel_state_and_next_sync_rereads() {
+    let mut be = NftBackend::new(FakeNft::default());
+    let s = snapshot(vec![(port("a", "b", "172.30.0.1", 80), vec!["10.0.0.1"])]);
+    be.sync(&s, false).unwrap();
+    let before = be.executor().state.clone();
+    let mut s2 = s.clone();
+    s2.endpoints
+        .values_mut()
+        .next()
+        .unwrap()
+        .push(Endpoint::ready(ip("10.0.0.2"), 8080));
+    be.exec.fail_next = true;
+    assert!(be.sync(&s2, false).is_err());
+    assert_eq!(
+        be.executor().state,
+        before,
+        "a failed commit changes nothing"
+    );
+    let r = be.sync(&s2, false).unwrap();
+    assert!(r.stats.elements_added > 0);
+    let r = be.sync(&s2, false).unwrap();
+    assert_eq!(r.stats.operations(), 0, "{}", r.summary());
+}
+
+#[test]
+fn kernel_drift_is_repaired_by_a_full_sync() {
+    let mut be = NftBackend::new(FakeNft::default());
+    let s = snapshot(vec![(port("a", "b", "172.30.0.1", 80), vec!["10.0.0.1"])]);
+    be.sync(&s, false).unwrap();
+    let want = be.executor().state.clone();
+    be.exec
+        .state
+        .tables
+        .get_mut(&IpFamily::V4)
+        .unwrap()
+        .sets
+        .get_mut(layout::MAP_BACKENDS)
+        .unwrap()
+        .elements
+        .clear();
+    be.exec
+        .state
+        .tables
+        .get_mut(&IpFamily::V4)
+        .unwrap()
+        .chains
+        .get_mut("services")
+        .unwrap()
+        .rules
+        .pop();
+    let r = be.sync(&s, true).unwrap();
+    assert!(r.stats.elements_added >= 1);
+    assert_eq!(
+        be.executor().state.table(IpFamily::V4).unwrap().sets,
+        want.table(IpFamily::V4).unwrap().sets
+    );
+    assert_eq!(
+        be.executor().state.table(IpFamily::V4).unwrap().chains["services"]
+            .rules
+            .len(),
+        2
+    );
+}
+
+#[test]
+fn cleanup_removes_both_tables_only() {
+    let mut be = NftBackend::new(FakeNft::default());
+    be.sync(&snapshot(vec![]), false).unwrap();
+    assert_eq!(be.cleanup().unwrap(), 2);
+    assert!(be.executor().state.tables.is_empty());
+    let tx = be.executor().last.clone().unwrap();
+    assert!(tx.ops.iter().all(|op| matches!(op, Op::DeleteTable(_))));
+}
+
+#[test]
+fn conflicting_front_ends_keep_the_first_service() {
+    let mut a = port("a", "one", "172.30.0.1", 80);
+    a.external_ips = vec![ip("192.168.99.11")];
+    let mut b = port("b", "two", "172.30.0.2", 80);
+    b.external_ips = vec![ip("192.168.99.11")];
+    let s = snapshot(vec![(a, vec!["10.0.0.1"]), (b, vec!["10.0.0.2"])]);
+    let (rs, report) = layout::desired(&s, &Ruleset::default());
+    assert_eq!(report.conflicts.len(), 1);
+    assert!(
+        report.conflicts[0].contains("b/two:http/tcp"),
+        "{:?}",
+        report.conflicts
+    );
+    let be = &rs.table(IpFamily::V4).unwrap().sets[layout::MAP_BACKENDS].elements;
+    assert_eq!(
+        be.get("192.168.99.11 . tcp . 80 . 0"),
+        Some(&Some("10.0.0.1 . 8080".into()))
+    );
+}
+
+#[test]
+fn ipv6_services_go_to_the_ip6_table() {
+    let s = snapshot(vec![(
+        port("a", "b", "fd00:172:30::41", 80),
+        vec!["fd00:10:180::1"],
+    )]);
+    let text = flat(&NftBackend::<FakeNft>::render(&s).to_nft());
+    assert!(text.contains("add element ip6 switchyard service-ips { fd00:172:30::41 . tcp . 80 : goto cluster-1 }"), "{text}");
+    assert!(text.contains(
+        "dnat ip6 to ip6 daddr . meta l4proto . th dport . numgen random mod 1 map @backends"
+    ));
+}

@@ -1,0 +1,550 @@
+//! A transaction: the ordered operations that turn one ruleset into another, as nft text.
+//!
+//! Builders never fail; nft validates when the transaction runs, and the whole file is one
+//! atomic commit (`nft -f -`). The text syntax is used because nft 1.0.6's JSON input
+//! mishandles concatenated map values (see ARCHITECTURE.md).
+
+use super::state::{family_name, Chain, Ruleset, Set, Table, TABLE};
+use crate::model::IpFamily;
+use std::fmt::Write as _;
+
+/// Elements per `add element` / `delete element` statement; keeps nft's parser and memory tame.
+const ELEMENT_CHUNK: usize = 1000;
+
+/// One operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    AddTable(IpFamily),
+    DeleteTable(IpFamily),
+    AddSet {
+        family: IpFamily,
+        name: String,
+        set: Set,
+    },
+    AddChain {
+        family: IpFamily,
+        name: String,
+        hook: Option<String>,
+    },
+    FlushChain {
+        family: IpFamily,
+        name: String,
+    },
+    AddRule {
+        family: IpFamily,
+        chain: String,
+        rule: String,
+    },
+    DeleteChain {
+        family: IpFamily,
+        name: String,
+    },
+    AddElements {
+        family: IpFamily,
+        set: String,
+        elements: Vec<(String, Option<String>)>,
+    },
+    DeleteElements {
+        family: IpFamily,
+        set: String,
+        keys: Vec<String>,
+    },
+}
+
+/// Counts of what a transaction does, for the one-line summary and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxStats {
+    pub tables_deleted: usize,
+    pub chains_written: usize,
+    pub chains_deleted: usize,
+    pub rules_written: usize,
+    pub elements_added: usize,
+    pub elements_deleted: usize,
+}
+
+impl TxStats {
+    /// Kernel objects touched.
+    pub fn operations(&self) -> usize {
+        self.tables_deleted
+            + self.chains_written
+            + self.chains_deleted
+            + self.rules_written
+            + self.elements_added
+            + self.elements_deleted
+    }
+}
+
+/// An ordered list of operations, applied atomically.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Transaction {
+    pub ops: Vec<Op>,
+}
+
+impl Transaction {
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    pub fn stats(&self) -> TxStats {
+        let mut s = TxStats::default();
+        for op in &self.ops {
+            match op {
+                Op::AddTable(_) => {}
+                Op::DeleteTable(_) => s.tables_deleted += 1,
+                Op::AddSet { set, .. } => s.elements_added += set.elements.len(),
+                Op::AddChain { .. } | Op::FlushChain { .. } => {}
+                Op::AddRule { .. } => s.rules_written += 1,
+                Op::DeleteChain { .. } => s.chains_deleted += 1,
+                Op::AddElements { elements, .. } => s.elements_added += elements.len(),
+                Op::DeleteElements { keys, .. } => s.elements_deleted += keys.len(),
+            }
+        }
+        // A chain counts as written when it got rules in this transaction.
+        let mut written: Vec<(&IpFamily, &String)> = self
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::AddRule { family, chain, .. } => Some((family, chain)),
+                _ => None,
+            })
+            .collect();
+        written.dedup();
+        s.chains_written = written.len();
+        s
+    }
+
+    /// The nft script for `nft -f -`.
+    pub fn to_nft(&self) -> String {
+        let mut out = String::new();
+        for op in &self.ops {
+            write_op(&mut out, op);
+        }
+        out
+    }
+}
+
+fn write_elements(
+    out: &mut String,
+    verb: &str,
+    family: IpFamily,
+    set: &str,
+    items: impl Iterator<Item = String>,
+) {
+    let items: Vec<String> = items.collect();
+    for chunk in items.chunks(ELEMENT_CHUNK) {
+        let _ = writeln!(
+            out,
+            "{verb} element {} {TABLE} {set} {{\n\t{}\n}}",
+            family_name(family),
+            chunk.join(",\n\t")
+        );
+    }
+}
+
+fn element_text(key: &str, value: &Option<String>) -> String {
+    match value {
+        Some(v) => format!("{key} : {v}"),
+        None => key.to_string(),
+    }
+}
+
+fn write_op(out: &mut String, op: &Op) {
+    match op {
+        Op::AddTable(f) => {
+            let _ = writeln!(out, "add table {} {TABLE}", family_name(*f));
+        }
+        Op::DeleteTable(f) => {
+            let _ = writeln!(out, "delete table {} {TABLE}", family_name(*f));
+        }
+        Op::AddSet { family, name, set } => {
+            let kind = if set.map { "map" } else { "set" };
+            let _ = writeln!(
+                out,
+                "add {kind} {} {TABLE} {name} {{ {} comment \"{}\"; }}",
+                family_name(*family),
+                set.decl,
+                set.fingerprint
+            );
+            write_elements(
+                out,
+                "add",
+                *family,
+                name,
+                set.elements.iter().map(|(k, v)| element_text(k, v)),
+            );
+        }
+        Op::AddChain { family, name, hook } => match hook {
+            Some(h) => {
+                let _ = writeln!(
+                    out,
+                    "add chain {} {TABLE} {name} {{ {h} }}",
+                    family_name(*family)
+                );
+            }
+            None => {
+                let _ = writeln!(out, "add chain {} {TABLE} {name}", family_name(*family));
+            }
+        },
+        Op::FlushChain { family, name } => {
+            let _ = writeln!(out, "flush chain {} {TABLE} {name}", family_name(*family));
+        }
+        Op::AddRule {
+            family,
+            chain,
+            rule,
+        } => {
+            let _ = writeln!(
+                out,
+                "add rule {} {TABLE} {chain} {rule}",
+                family_name(*family)
+            );
+        }
+        Op::DeleteChain { family, name } => {
+            let _ = writeln!(out, "delete chain {} {TABLE} {name}", family_name(*family));
+        }
+        Op::AddElements {
+            family,
+            set,
+            elements,
+        } => write_elements(
+            out,
+            "add",
+            *family,
+            set,
+            elements.iter().map(|(k, v)| element_text(k, v)),
+        ),
+        Op::DeleteElements { family, set, keys } => {
+            write_elements(out, "delete", *family, set, keys.iter().cloned())
+        }
+    }
+}
+
+/// The rules of a chain as written: the first one carries the chain's fingerprint.
+pub fn rules_with_fingerprint(chain: &Chain) -> Vec<String> {
+    chain
+        .rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            if i == 0 {
+                format!("{r} comment \"{}\"", chain.fingerprint)
+            } else {
+                r.clone()
+            }
+        })
+        .collect()
+}
+
+/// Whether `old` can be updated in place to `new`: same sets and same base chain hooks.
+fn compatible(old: &Table, new: &Table) -> bool {
+    new.sets.iter().all(|(name, s)| {
+        old.sets
+            .get(name)
+            .map_or(true, |o| o.fingerprint == s.fingerprint && o.map == s.map)
+    }) && new.chains.iter().all(|(name, c)| {
+        old.chains
+            .get(name)
+            .map_or(true, |o| o.hook.is_some() == c.hook.is_some())
+    }) && old.sets.keys().all(|k| new.sets.contains_key(k))
+}
+
+fn declaration(set: &Set) -> Set {
+    Set {
+        elements: Default::default(),
+        ..set.clone()
+    }
+}
+
+fn create_table(tx: &mut Transaction, family: IpFamily, new: &Table) {
+    tx.ops.push(Op::AddTable(family));
+    for (name, set) in &new.sets {
+        tx.ops.push(Op::AddSet {
+            family,
+            name: name.clone(),
+            set: declaration(set),
+        });
+    }
+    for (name, chain) in &new.chains {
+        tx.ops.push(Op::AddChain {
+            family,
+            name: name.clone(),
+            hook: chain.hook.clone(),
+        });
+    }
+    for (name, chain) in &new.chains {
+        for rule in rules_with_fingerprint(chain) {
+            tx.ops.push(Op::AddRule {
+                family,
+                chain: name.clone(),
+                rule,
+            });
+        }
+    }
+    // Elements last: verdict-map elements name chains that must exist first.
+    for (name, set) in &new.sets {
+        if !set.elements.is_empty() {
+            tx.ops.push(Op::AddElements {
+                family,
+                set: name.clone(),
+                elements: set
+                    .elements
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            });
+        }
+    }
+}
+
+fn update_table(tx: &mut Transaction, family: IpFamily, old: &Table, new: &Table, full: bool) {
+    let mut changed_chains = Vec::new();
+    for (name, set) in &new.sets {
+        if !old.sets.contains_key(name) {
+            tx.ops.push(Op::AddSet {
+                family,
+                name: name.clone(),
+                set: declaration(set),
+            });
+        }
+    }
+    for (name, chain) in &new.chains {
+        match old.chains.get(name) {
+            None => {
+                tx.ops.push(Op::AddChain {
+                    family,
+                    name: name.clone(),
+                    hook: chain.hook.clone(),
+                });
+                changed_chains.push(name);
+            }
+            Some(o) if full || !chain.same_as(o) => {
+                tx.ops.push(Op::FlushChain {
+                    family,
+                    name: name.clone(),
+                });
+                changed_chains.push(name);
+            }
+            Some(_) => {}
+        }
+    }
+    for name in changed_chains {
+        if let Some(chain) = new.chains.get(name) {
+            for rule in rules_with_fingerprint(chain) {
+                tx.ops.push(Op::AddRule {
+                    family,
+                    chain: name.clone(),
+                    rule,
+                });
+            }
+        }
+    }
+    // Deletions first, so a changed map value is delete + add within the same commit.
+    let mut adds = Vec::new();
+    let none = Set::default();
+    for (name, set) in &new.sets {
+        let o = old.sets.get(name).unwrap_or(&none);
+        let deleted: Vec<String> = o
+            .elements
+            .iter()
+            .filter(|(k, v)| set.elements.get(*k) != Some(*v))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if !deleted.is_empty() {
+            tx.ops.push(Op::DeleteElements {
+                family,
+                set: name.clone(),
+                keys: deleted,
+            });
+        }
+        let added: Vec<(String, Option<String>)> = set
+            .elements
+            .iter()
+            .filter(|(k, v)| o.elements.get(*k) != Some(*v))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if !added.is_empty() {
+            adds.push(Op::AddElements {
+                family,
+                set: name.clone(),
+                elements: added,
+            });
+        }
+    }
+    tx.ops.extend(adds);
+    // Chains go last: the elements and rules that referenced them are gone by now.
+    for name in old.chains.keys() {
+        if !new.chains.contains_key(name) {
+            tx.ops.push(Op::FlushChain {
+                family,
+                name: name.clone(),
+            });
+            tx.ops.push(Op::DeleteChain {
+                family,
+                name: name.clone(),
+            });
+        }
+    }
+}
+
+/// The transaction that turns `old` into `new`. With `full`, every chain is rewritten too.
+pub fn diff(old: &Ruleset, new: &Ruleset, full: bool) -> Transaction {
+    let mut tx = Transaction::default();
+    for family in IpFamily::ALL {
+        match (old.table(family), new.table(family)) {
+            (None, None) => {}
+            (Some(_), None) => tx.ops.push(Op::DeleteTable(family)),
+            (None, Some(n)) => create_table(&mut tx, family, n),
+            (Some(o), Some(n)) if !compatible(o, n) => {
+                // The layout itself changed (an upgrade): replace the table in the same commit.
+                tx.ops.push(Op::DeleteTable(family));
+                create_table(&mut tx, family, n);
+            }
+            (Some(o), Some(n)) => update_table(&mut tx, family, o, n, full),
+        }
+    }
+    tx
+}
+
+/// Why a transaction cannot be applied to an in-memory ruleset (what nft would refuse).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ApplyError(pub String);
+
+/// Apply a transaction to an in-memory ruleset, all or nothing, with nft's rules for what fails.
+pub fn apply(rs: &Ruleset, tx: &Transaction) -> Result<Ruleset, ApplyError> {
+    let mut out = rs.clone();
+    for op in &tx.ops {
+        apply_op(&mut out, op)?;
+    }
+    Ok(out)
+}
+
+fn table_mut(rs: &mut Ruleset, family: IpFamily) -> Result<&mut Table, ApplyError> {
+    rs.tables.get_mut(&family).ok_or_else(|| {
+        ApplyError(format!(
+            "table {} {TABLE}: no such table",
+            family_name(family)
+        ))
+    })
+}
+
+fn apply_op(rs: &mut Ruleset, op: &Op) -> Result<(), ApplyError> {
+    match op {
+        Op::AddTable(f) => {
+            rs.tables.entry(*f).or_default();
+        }
+        Op::DeleteTable(f) => {
+            if rs.tables.remove(f).is_none() {
+                return Err(ApplyError(format!(
+                    "delete table {} {TABLE}: no such table",
+                    family_name(*f)
+                )));
+            }
+        }
+        Op::AddSet { family, name, set } => {
+            let t = table_mut(rs, *family)?;
+            t.sets.entry(name.clone()).or_insert_with(|| set.clone());
+        }
+        Op::AddChain { family, name, hook } => {
+            let t = table_mut(rs, *family)?;
+            t.chains.entry(name.clone()).or_insert_with(|| Chain {
+                hook: hook.clone(),
+                ..Chain::default()
+            });
+        }
+        Op::FlushChain { family, name } => {
+            let t = table_mut(rs, *family)?;
+            let c = t
+                .chains
+                .get_mut(name)
+                .ok_or_else(|| ApplyError(format!("flush chain {name}: no such chain")))?;
+            c.rules.clear();
+            c.fingerprint.clear();
+        }
+        Op::AddRule {
+            family,
+            chain,
+            rule,
+        } => {
+            let t = table_mut(rs, *family)?;
+            let c = t
+                .chains
+                .get_mut(chain)
+                .ok_or_else(|| ApplyError(format!("add rule {chain}: no such chain")))?;
+            if c.rules.is_empty() {
+                if let Some((text, fp)) = rule.rsplit_once(" comment \"") {
+                    c.fingerprint = fp.trim_end_matches('"').to_string();
+                    c.rules.push(text.to_string());
+                    return Ok(());
+                }
+            }
+            c.rules.push(rule.clone());
+        }
+        Op::DeleteChain { family, name } => {
+            let t = table_mut(rs, *family)?;
+            let target = format!(" {name}");
+            let referenced = t.sets.values().any(|s| {
+                s.elements.values().flatten().any(|v| {
+                    v.ends_with(&target) && (v.starts_with("goto") || v.starts_with("jump"))
+                })
+            });
+            if referenced {
+                return Err(ApplyError(format!(
+                    "delete chain {name}: Device or resource busy (still referenced)"
+                )));
+            }
+            if t.chains.remove(name).is_none() {
+                return Err(ApplyError(format!("delete chain {name}: no such chain")));
+            }
+        }
+        Op::AddElements {
+            family,
+            set,
+            elements,
+        } => {
+            let t = table_mut(rs, *family)?;
+            let chains: Vec<String> = t.chains.keys().cloned().collect();
+            let s = t
+                .sets
+                .get_mut(set)
+                .ok_or_else(|| ApplyError(format!("add element {set}: no such set")))?;
+            for (k, v) in elements {
+                if let Some(verdict) = v {
+                    if let Some(target) = verdict
+                        .strip_prefix("goto ")
+                        .or_else(|| verdict.strip_prefix("jump "))
+                    {
+                        if !chains.iter().any(|c| c == target) {
+                            return Err(ApplyError(format!(
+                                "add element {set} {k}: chain {target} does not exist"
+                            )));
+                        }
+                    }
+                }
+                match s.elements.get(k) {
+                    Some(existing) if existing != v => {
+                        return Err(ApplyError(format!("add element {set} {k}: File exists")))
+                    }
+                    _ => {
+                        s.elements.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        Op::DeleteElements { family, set, keys } => {
+            let t = table_mut(rs, *family)?;
+            let s = t
+                .sets
+                .get_mut(set)
+                .ok_or_else(|| ApplyError(format!("delete element {set}: no such set")))?;
+            for k in keys {
+                if s.elements.remove(k).is_none() {
+                    return Err(ApplyError(format!(
+                        "delete element {set} {k}: No such file or directory"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! Command-line interface: subcommands and kube-proxy's flag names.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "switchyard",
+    version,
+    about = "A kube-proxy replacement: Kubernetes Services on nftables"
+)]
+pub struct Cli {
+    /// Log level filter (error, warn, info, debug, trace); RUST_LOG overrides it.
+    #[arg(long, global = true, default_value = "info")]
+    pub log_level: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the transaction that would program these manifests into an empty kernel.
+    Render(Inputs),
+    /// Program the kernel of the current network namespace.
+    Sync(SyncArgs),
+    /// Remove everything Switchyard installed, and nothing else.
+    Cleanup(CleanupArgs),
+}
+
+/// Configuration and manifests.
+#[derive(Debug, Args)]
+pub struct Inputs {
+    /// KubeProxyConfiguration file.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// A manifest file or a directory of them (YAML or JSON, multi-document, kind: List).
+    #[arg(long)]
+    pub manifests: PathBuf,
+    #[command(flatten)]
+    pub flags: ProxyFlags,
+}
+
+#[derive(Debug, Args)]
+pub struct SyncArgs {
+    /// Sync once and exit (the continuous agent is `switchyard run`).
+    #[arg(long)]
+    pub once: bool,
+    /// Re-read the kernel and rewrite every chain, not only what changed.
+    #[arg(long)]
+    pub full: bool,
+    #[command(flatten)]
+    pub inputs: Inputs,
+}
+
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    /// Dataplane mode whose rules to remove (default: all Switchyard installs).
+    #[arg(long)]
+    pub proxy_mode: Option<String>,
+}
+
+/// kube-proxy's flags; each overrides the configuration file.
+#[derive(Debug, Args, Default, Clone)]
+pub struct ProxyFlags {
+    /// nftables (default), iptables or ipvs.
+    #[arg(long)]
+    pub proxy_mode: Option<String>,
+    /// The node's name, instead of the hostname.
+    #[arg(long)]
+    pub hostname_override: Option<String>,
+    /// Pod CIDRs (comma-separated), for local-traffic detection.
+    #[arg(long)]
+    pub cluster_cidr: Option<String>,
+    /// ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix.
+    #[arg(long)]
+    pub detect_local_mode: Option<String>,
+    #[arg(long)]
+    pub pod_bridge_interface: Option<String>,
+    #[arg(long)]
+    pub pod_interface_name_prefix: Option<String>,
+    /// CIDRs (comma-separated) or "primary": node addresses that accept NodePorts.
+    #[arg(long)]
+    pub nodeport_addresses: Option<String>,
+    /// Masquerade all traffic sent to service addresses.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub masquerade_all: Option<bool>,
+    /// Bit of the packet mark that requests masquerade.
+    #[arg(long)]
+    pub iptables_masquerade_bit: Option<u8>,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub iptables_localhost_nodeports: Option<bool>,
+    #[arg(long)]
+    pub iptables_sync_period: Option<String>,
+    #[arg(long)]
+    pub iptables_min_sync_period: Option<String>,
+    #[arg(long)]
+    pub bind_address: Option<String>,
+    #[arg(long)]
+    pub healthz_bind_address: Option<String>,
+    #[arg(long)]
+    pub metrics_bind_address: Option<String>,
+}

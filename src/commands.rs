@@ -1,0 +1,116 @@
+//! The subcommands: load inputs, build the snapshot, and hand it to the backend.
+
+use crate::cli::{CleanupArgs, Command, Inputs, SyncArgs};
+use crate::config::{self, ConfigError, ProxyConfig, ProxyMode};
+use crate::manifests::{self, ManifestError};
+use crate::nodeaddr::Interfaces;
+use crate::snapshot::{self, Skipped};
+use dataplane::backend::{Backend, BackendError};
+use dataplane::model::Snapshot;
+use dataplane::nft::exec::NftCommand;
+use dataplane::nft::NftBackend;
+
+/// Errors that end a command.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error("sync failed: {0}")]
+    Backend(#[from] BackendError),
+    #[error("proxy mode {0} is not implemented yet; use nftables")]
+    ModeNotImplemented(&'static str),
+    #[error("`sync` without --once is the continuous agent, `switchyard run` (not implemented yet); pass --once")]
+    NeedOnce,
+}
+
+pub fn run(cmd: Command) -> Result<(), CommandError> {
+    match cmd {
+        Command::Render(inputs) => render(&inputs),
+        Command::Sync(args) => sync(&args),
+        Command::Cleanup(args) => cleanup(&args),
+    }
+}
+
+/// Configuration from file and flags.
+fn load_config(inputs: &Inputs) -> Result<ProxyConfig, CommandError> {
+    let mut cfg = match &inputs.config {
+        Some(path) => {
+            let (cfg, warnings) = config::load_file(path)?;
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
+            config::validate(&cfg, &path.display().to_string())?;
+            cfg
+        }
+        None => ProxyConfig::default(),
+    };
+    config::apply_flags(&mut cfg, &inputs.flags)?;
+    Ok(cfg)
+}
+
+fn report_skipped(skipped: &Skipped) {
+    for (_, msg) in &skipped.invalid {
+        tracing::warn!("{msg}");
+    }
+    for msg in &skipped.ignored {
+        tracing::debug!("{msg}");
+    }
+    for msg in &skipped.warnings {
+        tracing::warn!("{msg}");
+    }
+}
+
+fn load(inputs: &Inputs) -> Result<(ProxyConfig, Snapshot), CommandError> {
+    let cfg = load_config(inputs)?;
+    if cfg.mode != ProxyMode::Nftables {
+        return Err(CommandError::ModeNotImplemented(cfg.mode.as_str()));
+    }
+    let objs = manifests::load(&inputs.manifests)?;
+    let (snap, skipped) = snapshot::build(&cfg, &objs, &Interfaces);
+    report_skipped(&skipped);
+    Ok((cfg, snap))
+}
+
+fn render(inputs: &Inputs) -> Result<(), CommandError> {
+    let (_, snap) = load(inputs)?;
+    let tx = NftBackend::<NftCommand>::render(&snap);
+    print!("{}", tx.to_nft());
+    Ok(())
+}
+
+fn sync(args: &SyncArgs) -> Result<(), CommandError> {
+    if !args.once {
+        return Err(CommandError::NeedOnce);
+    }
+    let (_, snap) = load(&args.inputs)?;
+    let mut backend = NftBackend::new(NftCommand::default());
+    let report = backend.sync(&snap, args.full)?;
+    for c in &report.conflicts {
+        tracing::warn!("{c}");
+    }
+    println!("{}", report.summary());
+    Ok(())
+}
+
+fn cleanup(args: &CleanupArgs) -> Result<(), CommandError> {
+    if let Some(m) = &args.proxy_mode {
+        match ProxyMode::parse(m) {
+            Some(ProxyMode::Nftables) => {}
+            Some(other) => return Err(CommandError::ModeNotImplemented(other.as_str())),
+            None => {
+                return Err(ConfigError::Field {
+                    origin: "command line".into(),
+                    field: "--proxy-mode".into(),
+                    message: format!("{m:?} is not one of nftables, iptables, ipvs"),
+                }
+                .into())
+            }
+        }
+    }
+    let mut backend = NftBackend::new(NftCommand::default());
+    let removed = backend.cleanup()?;
+    println!("cleanup: removed {removed} switchyard tables");
+    Ok(())
+}

@@ -1,0 +1,547 @@
+//! Conversion from Kubernetes API objects to the dataplane model, skipping (with a reason that
+//! names the object and the field) whatever kube-proxy would not or could not program.
+
+use dataplane::model::{
+    Endpoint, IpFamily, Protocol, ServicePort, ServicePortName, SessionAffinity,
+    TrafficDistribution, TrafficPolicy,
+};
+use ipnetwork::IpNetwork;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// Label that ties a slice to its service.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// Label naming the proxy that should handle a service (kube-proxy skips labelled ones).
+pub const LABEL_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Label marking a headless service.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+/// The value of the proxy-name label that means us.
+pub const PROXY_NAME: &str = "switchyard";
+
+/// Why an object was not programmed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Skip {
+    /// Deliberately not proxied (headless, ExternalName, another proxy's): not an error.
+    #[error("{object}: not proxied: {why}")]
+    NotProxied { object: String, why: String },
+    /// Invalid: a warning and a metric.
+    #[error("{object}: field {field}: {message}; object skipped")]
+    Invalid {
+        object: String,
+        field: String,
+        message: String,
+        /// Metric label.
+        reason: &'static str,
+    },
+}
+
+fn invalid(
+    object: &str,
+    field: impl Into<String>,
+    message: impl Into<String>,
+    reason: &'static str,
+) -> Skip {
+    Skip::Invalid {
+        object: object.to_string(),
+        field: field.into(),
+        message: message.into(),
+        reason,
+    }
+}
+
+fn parse_ip(object: &str, field: &str, raw: &str) -> Result<IpAddr, Skip> {
+    raw.trim().parse::<IpAddr>().map_err(|_| {
+        invalid(
+            object,
+            field,
+            format!("{raw:?} is not an IP address"),
+            "bad_address",
+        )
+    })
+}
+
+fn protocol(object: &str, field: &str, raw: Option<&str>) -> Result<Protocol, Skip> {
+    match raw.unwrap_or("TCP") {
+        "TCP" => Ok(Protocol::Tcp),
+        "UDP" => Ok(Protocol::Udp),
+        "SCTP" => Ok(Protocol::Sctp),
+        other => Err(invalid(
+            object,
+            field,
+            format!("{other:?} is not TCP, UDP or SCTP"),
+            "bad_protocol",
+        )),
+    }
+}
+
+fn port_number(object: &str, field: &str, value: i32, allow_zero: bool) -> Result<u16, Skip> {
+    let min = if allow_zero { 0 } else { 1 };
+    if (min..=65535).contains(&value) {
+        Ok(value as u16)
+    } else {
+        Err(invalid(
+            object,
+            field,
+            format!("{value} is out of range {min}-65535"),
+            "bad_port",
+        ))
+    }
+}
+
+fn policy(raw: Option<&str>) -> TrafficPolicy {
+    match raw {
+        Some("Local") => TrafficPolicy::Local,
+        _ => TrafficPolicy::Cluster,
+    }
+}
+
+/// Convert one Service into its service ports, one per port and family.
+pub fn service(svc: &Service) -> Result<Vec<ServicePort>, Skip> {
+    let meta = &svc.metadata;
+    let ns = meta.namespace.as_deref().unwrap_or("default");
+    let name = meta.name.as_deref().unwrap_or_default();
+    let object = format!("Service {ns}/{name}");
+    let not_proxied = |why: &str| Skip::NotProxied {
+        object: object.clone(),
+        why: why.to_string(),
+    };
+    if let Some(labels) = &meta.labels {
+        if labels
+            .get(LABEL_PROXY_NAME)
+            .is_some_and(|v| v != PROXY_NAME)
+        {
+            return Err(not_proxied("labelled for another proxy"));
+        }
+        if labels.contains_key(LABEL_HEADLESS) {
+            return Err(not_proxied("labelled headless"));
+        }
+    }
+    let Some(spec) = &svc.spec else {
+        return Err(invalid(&object, "spec", "missing", "missing_field"));
+    };
+    let kind = spec.type_.as_deref().unwrap_or("ClusterIP");
+    if kind == "ExternalName" {
+        return Err(not_proxied("type ExternalName"));
+    }
+    let raw_ips: Vec<String> = match (&spec.cluster_ips, &spec.cluster_ip) {
+        (Some(list), _) if !list.is_empty() => list.clone(),
+        (_, Some(one)) => vec![one.clone()],
+        _ => vec![],
+    };
+    if raw_ips.is_empty() || raw_ips.iter().any(|s| s.is_empty()) {
+        return Err(not_proxied("no cluster IP allocated"));
+    }
+    if raw_ips.iter().any(|s| s == "None") {
+        return Err(not_proxied("headless (clusterIP: None)"));
+    }
+    let mut cluster_ips = Vec::new();
+    for (i, raw) in raw_ips.iter().enumerate() {
+        let ip = parse_ip(&object, &format!("spec.clusterIPs[{i}]"), raw)?;
+        if cluster_ips
+            .iter()
+            .any(|c: &IpAddr| IpFamily::of(c) == IpFamily::of(&ip))
+        {
+            return Err(invalid(
+                &object,
+                format!("spec.clusterIPs[{i}]"),
+                "two cluster IPs of one family",
+                "family_mismatch",
+            ));
+        }
+        cluster_ips.push(ip);
+    }
+    if let Some(families) = &spec.ip_families {
+        for (i, (fam, ip)) in families.iter().zip(&cluster_ips).enumerate() {
+            let want = if fam == "IPv6" {
+                IpFamily::V6
+            } else {
+                IpFamily::V4
+            };
+            if IpFamily::of(ip) != want {
+                return Err(invalid(
+                    &object,
+                    format!("spec.ipFamilies[{i}]"),
+                    format!("{fam} does not match cluster IP {ip}"),
+                    "family_mismatch",
+                ));
+            }
+        }
+    }
+    let external_ok = kind == "NodePort" || kind == "LoadBalancer";
+    let mut external_ips = Vec::new();
+    for (i, raw) in spec.external_ips.iter().flatten().enumerate() {
+        external_ips.push(parse_ip(&object, &format!("spec.externalIPs[{i}]"), raw)?);
+    }
+    let mut lb_ips = Vec::new();
+    if kind == "LoadBalancer" {
+        let ingress = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref());
+        for (i, ing) in ingress.into_iter().flatten().enumerate() {
+            // ipMode Proxy: the load balancer delivers to the node; kube-proxy leaves it alone.
+            if ing.ip_mode.as_deref() == Some("Proxy") {
+                continue;
+            }
+            if let Some(raw) = &ing.ip {
+                lb_ips.push(parse_ip(
+                    &object,
+                    &format!("status.loadBalancer.ingress[{i}].ip"),
+                    raw,
+                )?);
+            }
+        }
+    }
+    let mut source_ranges = Vec::new();
+    for (i, raw) in spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .enumerate()
+    {
+        let trimmed = raw.trim();
+        if trimmed.is_empty() {
+            continue;
+        }
+        source_ranges.push(trimmed.parse::<IpNetwork>().map_err(|_| {
+            invalid(
+                &object,
+                format!("spec.loadBalancerSourceRanges[{i}]"),
+                format!("{raw:?} is not a CIDR"),
+                "bad_address",
+            )
+        })?);
+    }
+    let affinity = match spec.session_affinity.as_deref() {
+        Some("ClientIP") => SessionAffinity::ClientIp {
+            timeout_seconds: spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds)
+                .map(|t| t.clamp(1, 86400) as u32)
+                .unwrap_or(10800),
+        },
+        _ => SessionAffinity::None,
+    };
+    let distribution = match spec.traffic_distribution.as_deref() {
+        Some("PreferClose") => TrafficDistribution::PreferClose,
+        Some("PreferSameZone") => TrafficDistribution::PreferSameZone,
+        Some("PreferSameNode") => TrafficDistribution::PreferSameNode,
+        _ => TrafficDistribution::Unset,
+    };
+    // externalTrafficPolicy only means something for services reachable from outside.
+    let has_external = external_ok || !external_ips.is_empty();
+    let etp = if has_external {
+        policy(spec.external_traffic_policy.as_deref())
+    } else {
+        TrafficPolicy::Cluster
+    };
+    let hc_port = if kind == "LoadBalancer" && etp == TrafficPolicy::Local {
+        port_number(
+            &object,
+            "spec.healthCheckNodePort",
+            spec.health_check_node_port.unwrap_or(0),
+            true,
+        )?
+    } else {
+        0
+    };
+    let mut out = Vec::new();
+    let ports = spec.ports.as_deref().unwrap_or_default();
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, p) in ports.iter().enumerate() {
+        let proto = protocol(
+            &object,
+            &format!("spec.ports[{i}].protocol"),
+            p.protocol.as_deref(),
+        )?;
+        let port = port_number(&object, &format!("spec.ports[{i}].port"), p.port, false)?;
+        let node_port = if external_ok {
+            port_number(
+                &object,
+                &format!("spec.ports[{i}].nodePort"),
+                p.node_port.unwrap_or(0),
+                true,
+            )?
+        } else {
+            0
+        };
+        let pname = p.name.clone().unwrap_or_default();
+        if !seen.insert((pname.clone(), proto)) {
+            return Err(invalid(
+                &object,
+                format!("spec.ports[{i}].name"),
+                format!("duplicate port name {pname:?} for {proto}"),
+                "duplicate_port",
+            ));
+        }
+        for ip in &cluster_ips {
+            let fam = IpFamily::of(ip);
+            out.push(ServicePort {
+                name: ServicePortName::new(ns, name, &pname, proto),
+                family: fam,
+                cluster_ip: *ip,
+                port,
+                node_port,
+                external_ips: external_ips
+                    .iter()
+                    .copied()
+                    .filter(|e| IpFamily::of(e) == fam)
+                    .collect(),
+                load_balancer_ips: lb_ips
+                    .iter()
+                    .copied()
+                    .filter(|e| IpFamily::of(e) == fam)
+                    .collect(),
+                load_balancer_source_ranges: source_ranges
+                    .iter()
+                    .copied()
+                    .filter(|n| IpFamily::of_net(n) == fam)
+                    .collect(),
+                external_traffic_policy: etp,
+                internal_traffic_policy: policy(spec.internal_traffic_policy.as_deref()),
+                session_affinity: affinity,
+                traffic_distribution: distribution,
+                health_check_node_port: hc_port,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The endpoints one slice contributes, keyed by the service port they belong to.
+pub type SliceEndpoints = BTreeMap<ServicePortName, Vec<Endpoint>>;
+
+/// Convert one EndpointSlice. FQDN slices and slices without the service-name label yield nothing.
+pub fn endpoint_slice(slice: &EndpointSlice) -> Result<SliceEndpoints, Skip> {
+    let meta = &slice.metadata;
+    let ns = meta.namespace.as_deref().unwrap_or("default");
+    let name = meta.name.as_deref().unwrap_or_default();
+    let object = format!("EndpointSlice {ns}/{name}");
+    let Some(service) = meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) else {
+        return Err(Skip::NotProxied {
+            object,
+            why: format!("no {LABEL_SERVICE_NAME} label"),
+        });
+    };
+    let family = match slice.address_type.as_str() {
+        "IPv4" => IpFamily::V4,
+        "IPv6" => IpFamily::V6,
+        other => {
+            return Err(Skip::NotProxied {
+                object,
+                why: format!("addressType {other}"),
+            })
+        }
+    };
+    let mut ports = Vec::new();
+    for (i, p) in slice.ports.iter().flatten().enumerate() {
+        let proto = protocol(
+            &object,
+            &format!("ports[{i}].protocol"),
+            p.protocol.as_deref(),
+        )?;
+        let Some(num) = p.port else {
+            // A port without a number is "all ports": nothing kube-proxy can DNAT to.
+            continue;
+        };
+        let num = port_number(&object, &format!("ports[{i}].port"), num, false)?;
+        ports.push((p.name.clone().unwrap_or_default(), proto, num));
+    }
+    let mut endpoints = Vec::new();
+    for (i, e) in slice.endpoints.iter().flatten().enumerate() {
+        // kube-proxy uses the first address; the API guarantees they are one pod's.
+        let Some(raw) = e.addresses.first() else {
+            continue;
+        };
+        let ip = parse_ip(&object, &format!("endpoints[{i}].addresses[0]"), raw)?;
+        if IpFamily::of(&ip) != family {
+            return Err(invalid(
+                &object,
+                format!("endpoints[{i}].addresses[0]"),
+                format!("{ip} is not {family} (addressType)"),
+                "family_mismatch",
+            ));
+        }
+        let cond = e.conditions.as_ref();
+        let ready = cond.and_then(|c| c.ready).unwrap_or(true);
+        let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
+        let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
+        let hints = e.hints.as_ref();
+        endpoints.push(Endpoint {
+            ip,
+            port: 0,
+            ready,
+            serving,
+            terminating,
+            node_name: e.node_name.clone(),
+            zone: e.zone.clone(),
+            hint_zones: hints
+                .and_then(|h| h.for_zones.as_ref())
+                .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                .unwrap_or_default(),
+            hint_nodes: hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .map(|n| n.iter().map(|n| n.name.clone()).collect())
+                .unwrap_or_default(),
+        });
+    }
+    let mut out = SliceEndpoints::new();
+    for (pname, proto, num) in ports {
+        let list = endpoints
+            .iter()
+            .map(|e| Endpoint {
+                port: num,
+                ..e.clone()
+            })
+            .collect();
+        out.insert(ServicePortName::new(ns, service, &pname, proto), list);
+    }
+    Ok(out)
+}
+
+/// Merge slices' endpoints: one entry per address and port, preferring the most usable copy.
+pub fn merge(into: &mut BTreeMap<ServicePortName, Vec<Endpoint>>, slice: SliceEndpoints) {
+    for (name, eps) in slice {
+        into.entry(name).or_default().extend(eps);
+    }
+}
+
+/// Sort and deduplicate merged endpoint lists.
+pub fn normalize(map: &mut BTreeMap<ServicePortName, Vec<Endpoint>>) {
+    for eps in map.values_mut() {
+        // Best first for each (ip, port): ready, then serving.
+        eps.sort_by(|a, b| {
+            (a.ip, a.port)
+                .cmp(&(b.ip, b.port))
+                .then(b.ready.cmp(&a.ready))
+                .then(b.serving.cmp(&a.serving))
+        });
+        eps.dedup_by(|later, first| later.ip == first.ip && later.port == first.port);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(yaml: &str) -> Service {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn ports_and_families() {
+        let s = svc(r#"
+metadata: { name: web, namespace: ns }
+spec:
+  type: LoadBalancer
+  clusterIPs: [172.30.0.1, "fd00::1"]
+  ipFamilies: [IPv4, IPv6]
+  externalIPs: [192.168.99.11]
+  loadBalancerSourceRanges: [" 203.0.113.0/25 "]
+  ports: [{ name: http, port: 80, nodePort: 30080 }, { name: dns, port: 53, protocol: UDP, nodePort: 30053 }]
+status: { loadBalancer: { ingress: [{ ip: 1.2.3.4 }, { ip: 5.6.7.8, ipMode: Proxy }] } }
+"#);
+        let ports = service(&s).unwrap();
+        assert_eq!(ports.len(), 4);
+        let v4 = ports
+            .iter()
+            .find(|p| p.family == IpFamily::V4 && p.port == 80)
+            .unwrap();
+        assert_eq!(v4.node_port, 30080);
+        assert_eq!(
+            v4.external_ips,
+            vec!["192.168.99.11".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(
+            v4.load_balancer_ips,
+            vec!["1.2.3.4".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(v4.load_balancer_source_ranges.len(), 1);
+        let v6 = ports
+            .iter()
+            .find(|p| p.family == IpFamily::V6 && p.port == 80)
+            .unwrap();
+        assert!(v6.external_ips.is_empty());
+    }
+
+    #[test]
+    fn skipped_kinds() {
+        for (yaml, why) in [
+            ("metadata: {name: a}\nspec: {clusterIP: None, ports: [{port: 80}]}", "headless"),
+            ("metadata: {name: a}\nspec: {type: ExternalName, externalName: x.example}", "ExternalName"),
+            ("metadata: {name: a, labels: {service.kubernetes.io/service-proxy-name: other}}\nspec: {clusterIP: 10.0.0.1}", "another proxy"),
+            ("metadata: {name: a, labels: {service.kubernetes.io/headless: ''}}\nspec: {clusterIP: 10.0.0.1}", "headless"),
+        ] {
+            match service(&svc(yaml)) {
+                Err(Skip::NotProxied { why: w, .. }) => assert!(w.contains(why), "{w}"),
+                other => panic!("{yaml}: {other:?}"),
+            }
+        }
+        let ours = svc("metadata: {name: a, labels: {service.kubernetes.io/service-proxy-name: switchyard}}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}");
+        assert_eq!(service(&ours).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn invalid_fields_are_named() {
+        for (yaml, field) in [
+            ("metadata: {name: a, namespace: n}\nspec: {clusterIP: 10.0.0.300, ports: [{port: 80}]}", "spec.clusterIPs[0]"),
+            ("metadata: {name: a, namespace: n}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 70000}]}", "spec.ports[0].port"),
+            ("metadata: {name: a, namespace: n}\nspec: {clusterIP: 10.0.0.1, ipFamilies: [IPv6], ports: [{port: 80}]}", "spec.ipFamilies[0]"),
+        ] {
+            match service(&svc(yaml)) {
+                Err(Skip::Invalid { field: f, object, .. }) => {
+                    assert_eq!(f, field);
+                    assert_eq!(object, "Service n/a");
+                }
+                other => panic!("{yaml}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn slices_merge_and_match_ports_by_name() {
+        let a: EndpointSlice = serde_yaml::from_str(r#"
+metadata: { name: s-1, namespace: ns, labels: { kubernetes.io/service-name: s } }
+addressType: IPv4
+ports: [{ name: https, port: 8443 }]
+endpoints:
+- { addresses: [10.0.0.1], conditions: { ready: false, serving: true, terminating: true }, nodeName: n1 }
+- { addresses: [10.0.0.2] }
+"#).unwrap();
+        let b: EndpointSlice = serde_yaml::from_str(
+            r#"
+metadata: { name: s-2, namespace: ns, labels: { kubernetes.io/service-name: s } }
+addressType: IPv4
+ports: [{ name: https, port: 8443 }]
+endpoints: [{ addresses: [10.0.0.1] }]
+"#,
+        )
+        .unwrap();
+        let mut all = BTreeMap::new();
+        merge(&mut all, endpoint_slice(&a).unwrap());
+        merge(&mut all, endpoint_slice(&b).unwrap());
+        normalize(&mut all);
+        let key = ServicePortName::new("ns", "s", "https", Protocol::Tcp);
+        let eps = &all[&key];
+        assert_eq!(eps.len(), 2, "duplicate endpoint counted once");
+        assert!(eps[0].ready, "the ready copy of a duplicate wins");
+        assert_eq!(eps[0].port, 8443);
+    }
+
+    #[test]
+    fn slice_family_mismatch_is_invalid() {
+        let s: EndpointSlice = serde_yaml::from_str("metadata: {name: x, namespace: n, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: [\"fd00::1\"]}]").unwrap();
+        assert!(matches!(
+            endpoint_slice(&s),
+            Err(Skip::Invalid {
+                reason: "family_mismatch",
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,193 @@
+//! Builds the dataplane [`Snapshot`] from configuration and API objects: node facts, local
+//! traffic detection, node-port addresses, services and their merged endpoints.
+
+use crate::config::{DetectLocalMode, ProxyConfig, ProxyMode};
+use crate::convert::{self, Skip};
+use crate::manifests::Manifests;
+use dataplane::model::{IpFamily, LocalDetector, NodeConfig, NodePortAddresses, Snapshot};
+use ipnetwork::IpNetwork;
+use k8s_openapi::api::core::v1::Node;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// Label carrying the node's zone.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+
+/// What could not be programmed, for logs and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// Invalid objects: (metric reason, message naming the object and field).
+    pub invalid: Vec<(&'static str, String)>,
+    /// Objects deliberately not proxied (debug level).
+    pub ignored: Vec<String>,
+    /// Configuration consequences worth a warning.
+    pub warnings: Vec<String>,
+}
+
+impl Skipped {
+    fn record(&mut self, s: Skip) {
+        match &s {
+            Skip::NotProxied { .. } => self.ignored.push(s.to_string()),
+            Skip::Invalid { reason, .. } => self.invalid.push((reason, s.to_string())),
+        }
+    }
+}
+
+/// The node's name: hostnameOverride, else the kernel's hostname.
+pub fn node_name(cfg: &ProxyConfig) -> String {
+    if let Some(h) = &cfg.hostname_override {
+        return h.to_lowercase();
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_lowercase())
+        .unwrap_or_default()
+}
+
+/// Node addresses from the Node object: InternalIP first, then ExternalIP.
+pub fn node_object_ips(node: &Node) -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    let addrs = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .cloned()
+        .unwrap_or_default();
+    for kind in ["InternalIP", "ExternalIP"] {
+        for a in addrs.iter().filter(|a| a.type_ == kind) {
+            if let Ok(ip) = a.address.parse::<IpAddr>() {
+                if !out.contains(&ip) {
+                    out.push(ip);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Inputs besides the objects: where node addresses come from when there is no Node object.
+pub trait NodeAddressSource {
+    fn addresses(&self) -> Vec<IpAddr>;
+}
+
+/// Build the snapshot. `interfaces` is asked only when the Node object is missing.
+pub fn build(
+    cfg: &ProxyConfig,
+    objs: &Manifests,
+    interfaces: &dyn NodeAddressSource,
+) -> (Snapshot, Skipped) {
+    let mut skipped = Skipped::default();
+    let name = node_name(cfg);
+    let node_obj = objs
+        .nodes
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(name.as_str()));
+    let node_ips = match node_obj {
+        Some(n) => node_object_ips(n),
+        None => interfaces.addresses(),
+    };
+    let pod_cidrs: Vec<IpNetwork> = node_obj
+        .and_then(|n| n.spec.as_ref())
+        .and_then(|s| s.pod_cidrs.clone())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|c| c.parse().ok())
+        .collect();
+    let zone = node_obj
+        .and_then(|n| n.metadata.labels.as_ref())
+        .and_then(|l| l.get(LABEL_ZONE).cloned());
+
+    let local_detector = match cfg.detect_local_mode {
+        DetectLocalMode::ClusterCidr if cfg.cluster_cidrs.is_empty() => LocalDetector::None,
+        DetectLocalMode::ClusterCidr => LocalDetector::Cidrs(cfg.cluster_cidrs.clone()),
+        DetectLocalMode::NodeCidr if pod_cidrs.is_empty() => {
+            skipped.warnings.push(format!(
+                "detectLocalMode NodeCIDR: Node {name} has no spec.podCIDRs; no traffic is treated as local"
+            ));
+            LocalDetector::None
+        }
+        DetectLocalMode::NodeCidr => LocalDetector::Cidrs(pod_cidrs),
+        DetectLocalMode::BridgeInterface => LocalDetector::Bridge(cfg.bridge_interface.clone()),
+        DetectLocalMode::InterfaceNamePrefix => {
+            LocalDetector::InterfacePrefix(cfg.interface_name_prefix.clone())
+        }
+    };
+
+    let primary = || -> Vec<IpNetwork> {
+        IpFamily::ALL
+            .iter()
+            .filter_map(|f| node_ips.iter().find(|ip| IpFamily::of(ip) == *f))
+            .filter_map(|ip| IpNetwork::new(*ip, if ip.is_ipv4() { 32 } else { 128 }).ok())
+            .collect()
+    };
+    let node_port_addresses = if cfg.node_port_addresses.iter().any(|s| s == "primary")
+        // nftables mode defaults to the primary addresses, as kube-proxy's nftables mode does.
+        || (cfg.node_port_addresses.is_empty() && cfg.mode == ProxyMode::Nftables)
+    {
+        NodePortAddresses::Cidrs(primary())
+    } else if cfg.node_port_addresses.is_empty() {
+        NodePortAddresses::All
+    } else {
+        NodePortAddresses::Cidrs(
+            cfg.node_port_addresses
+                .iter()
+                .filter_map(|s| s.parse().ok())
+                .collect(),
+        )
+    };
+
+    let service_cidrs: Vec<IpNetwork> = objs
+        .service_cidrs
+        .iter()
+        .flat_map(|c| {
+            c.spec
+                .as_ref()
+                .and_then(|s| s.cidrs.clone())
+                .unwrap_or_default()
+        })
+        .filter_map(|c| match c.parse() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                skipped.invalid.push((
+                    "bad_address",
+                    format!("ServiceCIDR: {c:?} is not a CIDR; ignored"),
+                ));
+                None
+            }
+        })
+        .collect();
+
+    let mut snapshot = Snapshot {
+        node: NodeConfig {
+            name,
+            node_ips,
+            local_detector,
+            masquerade_all: cfg.masquerade_all,
+            masquerade_bit: cfg.masquerade_bit,
+            node_port_addresses,
+            service_cidrs,
+            localhost_node_ports: cfg.localhost_node_ports,
+            zone,
+        },
+        ..Snapshot::default()
+    };
+    for svc in &objs.services {
+        match convert::service(svc) {
+            Ok(ports) => {
+                for p in ports {
+                    snapshot.services.insert((p.name.clone(), p.family), p);
+                }
+            }
+            Err(s) => skipped.record(s),
+        }
+    }
+    let mut endpoints = BTreeMap::new();
+    for slice in &objs.slices {
+        match convert::endpoint_slice(slice) {
+            Ok(eps) => convert::merge(&mut endpoints, eps),
+            Err(s) => skipped.record(s),
+        }
+    }
+    convert::normalize(&mut endpoints);
+    snapshot.endpoints = endpoints;
+    (snapshot, skipped)
+}
