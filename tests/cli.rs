@@ -1,0 +1,194 @@
+//! The command line as a user meets it: errors that name the file, object and field; invalid
+//! objects skipped with a warning; `sync --once` and `cleanup` on a real kernel in a namespace.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn switchyard(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(args)
+        .output()
+        .expect("run switchyard")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn write(dir: &Path, name: &str, content: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, content).expect("write test file");
+    p.display().to_string()
+}
+
+const GOOD: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: { name: good, namespace: ns }
+spec: { clusterIP: 172.30.0.1, ports: [{ name: http, port: 80 }] }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: good-1, namespace: ns, labels: { kubernetes.io/service-name: good } }
+addressType: IPv4
+ports: [{ name: http, port: 8080 }]
+endpoints: [{ addresses: [10.0.0.1] }]
+"#;
+
+#[test]
+fn malformed_manifest_fails_naming_file_object_and_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = write(
+        dir.path(),
+        "bad.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: { name: web, namespace: shop }\nspec: { clusterIP: 172.30.0.9, ports: [{ port: eighty }] }\n",
+    );
+    let out = switchyard(&["render", "--manifests", &bad]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("bad.yaml") && err.contains("Service shop/web") && err.contains("spec.ports[0].port"),
+        "{err}"
+    );
+
+    let broken = write(dir.path(), "broken.yaml", "kind: Service\nspec: [\n");
+    let out = switchyard(&["render", "--manifests", &broken]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("broken.yaml"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn bad_config_fails_naming_the_field_and_unknown_fields_warn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = write(dir.path(), "m.yaml", GOOD);
+    let cfg = write(dir.path(), "kp.yaml", "kind: KubeProxyConfiguration\nnftables: { masqueradeAll: sometimes }\n");
+    let out = switchyard(&["render", "--config", &cfg, "--manifests", &m]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("kp.yaml") && err.contains("masqueradeAll"), "{err}");
+
+    let cfg = write(dir.path(), "kp2.yaml", "kind: KubeProxyConfiguration\nclusterCIDR: 10.0.0.0/8\nfrobnicate: true\n");
+    let out = switchyard(&["render", "--config", &cfg, "--manifests", &m]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("frobnicate"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn one_invalid_object_is_skipped_with_a_warning_and_the_rest_programmed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = r#"
+---
+apiVersion: v1
+kind: Service
+metadata: { name: badport, namespace: ns }
+spec: { clusterIP: 172.30.0.2, ports: [{ name: http, port: 70000 }] }
+---
+apiVersion: v1
+kind: Service
+metadata: { name: badip, namespace: ns }
+spec: { clusterIP: 172.30.0.300, ports: [{ name: http, port: 80 }] }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: mixed-1, namespace: ns, labels: { kubernetes.io/service-name: good } }
+addressType: IPv4
+ports: [{ name: http, port: 8080 }]
+endpoints: [{ addresses: ["fd00::5"] }]
+"#;
+    let m = write(dir.path(), "m.yaml", &format!("{GOOD}{bad}"));
+    let out = switchyard(&["render", "--manifests", &m, "--cluster-cidr", "10.0.0.0/8"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    for needle in [
+        "Service ns/badport",
+        "spec.ports[0].port",
+        "Service ns/badip",
+        "spec.clusterIPs[0]",
+        "EndpointSlice ns/mixed-1",
+        "endpoints[0].addresses[0]",
+    ] {
+        assert!(err.contains(needle), "warning lacks {needle:?}: {err}");
+    }
+    let rendered = text(&out.stdout);
+    assert!(rendered.contains("172.30.0.1 . tcp . 80 : goto cluster-1"), "{rendered}");
+    assert!(!rendered.contains("172.30.0.2"), "{rendered}");
+}
+
+/// A network namespace for one test, removed on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Option<Netns> {
+        let name = format!("sy-{}-cli-{tag}", std::process::id());
+        let ok = Command::new("ip").args(["netns", "add", &name]).status().is_ok_and(|s| s.success());
+        if ok {
+            return Some(Netns(name));
+        }
+        assert!(
+            std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
+            "SWITCHYARD_REQUIRE_NETNS=1 but `ip netns add` failed (needs root)"
+        );
+        println!("SKIP {tag}: needs root and network namespaces");
+        None
+    }
+
+    fn run(&self, program: &str, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.0, program])
+            .args(args)
+            .output()
+            .expect("ip netns exec")
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+#[test]
+fn sync_once_then_cleanup_removes_only_our_tables() {
+    let Some(ns) = Netns::new("cleanup") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = write(dir.path(), "m.yaml", GOOD);
+    // Someone else's rules, in a table and in the iptables nat table.
+    let other = ns.run("nft", &["add table inet firewall; add chain inet firewall input { type filter hook input priority 0; }; add rule inet firewall input tcp dport 22 accept"]);
+    assert!(other.status.success(), "{}", text(&other.stderr));
+    let bin = env!("CARGO_BIN_EXE_switchyard");
+    let out = ns.run(bin, &["sync", "--once", "--manifests", &m, "--cluster-cidr", "10.0.0.0/8"]);
+    assert!(out.status.success(), "sync failed: {}", text(&out.stderr));
+    let line = text(&out.stdout);
+    assert!(line.contains("sync") && line.contains("ms"), "{line}");
+    let listed = text(&ns.run("nft", &["list", "tables"]).stdout);
+    assert!(listed.contains("table ip switchyard") && listed.contains("table ip6 switchyard"), "{listed}");
+
+    // Same input again: nothing to do.
+    let again = ns.run(bin, &["sync", "--once", "--manifests", &m, "--cluster-cidr", "10.0.0.0/8"]);
+    assert!(text(&again.stdout).contains("no changes"), "{}", text(&again.stdout));
+
+    let out = ns.run(bin, &["cleanup"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed = text(&ns.run("nft", &["list", "ruleset"]).stdout);
+    assert!(!listed.contains("switchyard"), "{listed}");
+    assert!(listed.contains("table inet firewall") && listed.contains("tcp dport 22 accept"), "{listed}");
+    // Cleaning up twice is fine.
+    assert!(ns.run(bin, &["cleanup"]).status.success());
+}
+
+#[test]
+fn drift_is_repaired_by_the_next_sync() {
+    let Some(ns) = Netns::new("drift") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = write(dir.path(), "m.yaml", GOOD);
+    let bin = env!("CARGO_BIN_EXE_switchyard");
+    let args = ["sync", "--once", "--manifests", m.as_str(), "--cluster-cidr", "10.0.0.0/8"];
+    assert!(ns.run(bin, &args).status.success());
+    let del = ns.run("nft", &["flush map ip switchyard backends; flush chain ip switchyard services"]);
+    assert!(del.status.success(), "{}", text(&del.stderr));
+    let out = ns.run(bin, &args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed = text(&ns.run("nft", &["list", "table", "ip", "switchyard"]).stdout);
+    assert!(listed.contains("172.30.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080"), "{listed}");
+    assert!(listed.contains("vmap @service-ips"), "{listed}");
+}
