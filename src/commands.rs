@@ -90,8 +90,19 @@ fn sync(args: &SyncArgs) -> Result<(), CommandError> {
     for c in &report.conflicts {
         tracing::warn!("{c}");
     }
-    println!("{}", report.summary());
+    match peak_rss_mib() {
+        Some(mib) => println!("{}; peak RSS {mib:.1} MiB", report.summary()),
+        None => println!("{}", report.summary()),
+    }
     Ok(())
+}
+
+/// This process's peak resident set size, from /proc/self/status (VmHWM).
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }
 
 fn cleanup(args: &CleanupArgs) -> Result<(), CommandError> {

@@ -8,3 +8,4 @@ pub mod backend;
 pub mod model;
 pub mod nft;
 pub mod selection;
+pub mod synth;

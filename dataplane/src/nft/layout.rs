@@ -368,10 +368,10 @@ fn lb_chain(node: &NodeConfig, family: IpFamily, kind: LbKind, n: usize) -> Chai
 
 /// Slot assignment that keeps endpoints where they were.
 ///
-/// `previous[i]` is what slot `i` held; the result has exactly `wanted.len()` slots.
+/// `previous[i]` is what slot `i` held; the result has one slot per distinct wanted value.
 pub fn assign_slots(previous: &[Option<String>], wanted: &[String]) -> Vec<String> {
-    let n = wanted.len();
     let wanted_set: BTreeSet<&String> = wanted.iter().collect();
+    let n = wanted_set.len();
     let mut slots: Vec<Option<String>> = vec![None; n];
     let mut placed: BTreeSet<&String> = BTreeSet::new();
     for (i, prev) in previous.iter().enumerate().take(n) {
@@ -382,13 +382,14 @@ pub fn assign_slots(previous: &[Option<String>], wanted: &[String]) -> Vec<Strin
             }
         }
     }
-    let mut rest = wanted.iter().filter(|v| !placed.contains(v));
+    let mut fresh: BTreeSet<&String> = BTreeSet::new();
+    let mut rest = wanted
+        .iter()
+        .filter(|v| !placed.contains(v) && fresh.insert(*v));
+    // Exactly n distinct values fill exactly n slots, so `rest` never runs dry.
     slots
         .into_iter()
-        .map(|s| match s {
-            Some(v) => v,
-            None => rest.next().cloned().unwrap_or_default(),
-        })
+        .filter_map(|s| s.or_else(|| rest.next().cloned()))
         .collect()
 }
 
@@ -654,6 +655,9 @@ mod tests {
             s(&["z", "b", "c"])
         );
         assert_eq!(assign_slots(&[], &s(&["x", "y"])), s(&["x", "y"]));
+        // The same backend twice is one slot.
+        assert_eq!(assign_slots(&[], &s(&["x", "x", "y"])), s(&["x", "y"]));
+        assert_eq!(assign_slots(&prev, &s(&["c", "c"])), s(&["c"]));
     }
 
     #[test]

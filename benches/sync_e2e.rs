@@ -1,0 +1,188 @@
+//! End-to-end sync benchmark on a real kernel, in a network namespace of its own:
+//! (a) cold full sync of 10k services x 10 endpoints from manifests to committed kernel state
+//!     (`switchyard sync --once`, wall time and peak RSS);
+//! (b) one-endpoint changes at 10k x 10 and 30k x 10: p50/p99 over 100 changes of the kernel
+//!     transaction (`nft -f`), and of the whole sync (layout + diff + transaction).
+//!
+//! Run: `cargo bench --bench sync_e2e` as root. Set SY_BENCH_SIZES=1000,3000 for a quick run.
+
+use dataplane::backend::Backend;
+use dataplane::nft::exec::{NftCommand, NftError, NftExecutor};
+use dataplane::nft::state::Ruleset;
+use dataplane::nft::transaction::Transaction;
+use dataplane::nft::NftBackend;
+use dataplane::synth;
+use nix::sched::{setns, CloneFlags};
+use std::fmt::Write as _;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Times each kernel transaction.
+struct Timed {
+    inner: NftCommand,
+    applies: Vec<Duration>,
+}
+
+impl NftExecutor for Timed {
+    fn read(&mut self) -> Result<Ruleset, NftError> {
+        self.inner.read()
+    }
+    fn apply(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        let t = Instant::now();
+        let r = self.inner.apply(tx);
+        self.applies.push(t.elapsed());
+        r
+    }
+}
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    let idx = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[idx.min(v.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Kubernetes manifests (JSON List) for a synthetic cluster.
+fn manifests(services: usize, endpoints: usize) -> String {
+    let mut items = Vec::with_capacity(services * 2);
+    for i in 0..services {
+        let name = format!("svc-{i}");
+        items.push(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "bench"},
+            "spec": {"clusterIP": synth::cluster_ip(i).to_string(),
+                      "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+        }));
+        let eps: Vec<_> = (0..endpoints)
+            .map(|j| {
+                serde_json::json!({
+                    "addresses": [synth::endpoint_ip(i, j, 0).to_string()],
+                    "nodeName": format!("node-{}", (i + j) % 50),
+                    "conditions": {"ready": true}
+                })
+            })
+            .collect();
+        items.push(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{name}-1"), "namespace": "bench",
+                         "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": eps
+        }));
+    }
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+}
+
+fn cold_from_manifests(services: usize, out: &mut String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = dir.path().join("cluster.json");
+    std::fs::write(&m, manifests(services, 10)).expect("write manifests");
+    let cfg = dir.path().join("kp.yaml");
+    std::fs::write(
+        &cfg,
+        "kind: KubeProxyConfiguration\nhostnameOverride: bench-node\nclusterCIDR: 10.0.0.0/8\n",
+    )
+    .expect("write config");
+    let t = Instant::now();
+    let res = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["sync", "--once", "--config"])
+        .arg(&cfg)
+        .arg("--manifests")
+        .arg(&m)
+        .output()
+        .expect("run switchyard");
+    let wall = t.elapsed();
+    assert!(
+        res.status.success(),
+        "sync failed: {}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .expect("getrusage");
+    let _ = writeln!(
+        out,
+        "(a) cold sync from manifests, {services} x 10: {} wall; peak RSS of the largest process (agent or its nft) {:.1} MiB; agent said: {}",
+        ms(wall),
+        usage.max_rss() as f64 / 1024.0,
+        String::from_utf8_lossy(&res.stdout).trim()
+    );
+    let _ = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .arg("cleanup")
+        .output();
+}
+
+fn one_change(services: usize, changes: usize, out: &mut String) {
+    let mut snap = synth::cluster(services, 10);
+    let mut be = NftBackend::new(Timed {
+        inner: NftCommand::default(),
+        applies: Vec::new(),
+    });
+    let t = Instant::now();
+    be.sync(&snap, false).expect("cold sync");
+    let cold = t.elapsed();
+    let mut totals = Vec::new();
+    let mut seed: u64 = 0x5eed;
+    for k in 0..changes {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let i = (seed >> 33) as usize % services;
+        let j = (seed >> 20) as usize % 10;
+        synth::replace_endpoint(&mut snap, i, j, k as u32 + 1);
+        let t = Instant::now();
+        let r = be.sync(&snap, false).expect("incremental sync");
+        totals.push(t.elapsed());
+        assert!(r.stats.elements_added >= 1, "{}", r.summary());
+    }
+    let mut applies: Vec<Duration> = be.executor().applies[1..].to_vec();
+    let _ = writeln!(
+        out,
+        "(b) {services} x 10: cold in-process sync {}; one-endpoint change over {changes}: kernel transaction p50 {} p99 {}; whole sync p50 {} p99 {}",
+        ms(cold),
+        ms(pct(&mut applies, 0.5)),
+        ms(pct(&mut applies, 0.99)),
+        ms(pct(&mut totals, 0.5)),
+        ms(pct(&mut totals, 0.99)),
+    );
+    let _ = Command::new("nft")
+        .args(["delete", "table", "ip", "switchyard"])
+        .status();
+    let _ = Command::new("nft")
+        .args(["delete", "table", "ip6", "switchyard"])
+        .status();
+}
+
+fn main() {
+    // `cargo bench` passes --bench; anything else (e.g. `cargo test --benches`) only checks it builds.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("sync_e2e: run with `cargo bench --bench sync_e2e`");
+        return;
+    }
+    let ns = format!("sy-bench-{}", std::process::id());
+    if !Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        println!("SKIP sync_e2e: needs root and network namespaces");
+        return;
+    }
+    let fd = std::fs::File::open(format!("/run/netns/{ns}")).expect("open netns");
+    setns(&fd, CloneFlags::CLONE_NEWNET).expect("enter netns");
+    let sizes: Vec<usize> = std::env::var("SY_BENCH_SIZES")
+        .unwrap_or_else(|_| "10000,30000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let mut out = String::new();
+    cold_from_manifests(sizes[0], &mut out);
+    for &n in &sizes {
+        one_change(n, 100, &mut out);
+    }
+    let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+    print!("{out}");
+}
