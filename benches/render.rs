@@ -1,6 +1,8 @@
 //! Pure-work benchmarks: layout (snapshot to desired tables) and diff (to a transaction) at
 //! 1k, 10k and 30k services x 10 endpoints, cold (against an empty kernel) and for one change.
 
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use dataplane::nft::layout::desired;
 use dataplane::nft::state::Ruleset;

@@ -6,6 +6,8 @@
 //!
 //! Run: `cargo bench --bench sync_e2e` as root. Set SY_BENCH_SIZES=1000,3000 for a quick run.
 
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 use dataplane::backend::Backend;
 use dataplane::nft::exec::{NftCommand, NftError, NftExecutor};
 use dataplane::nft::state::Ruleset;

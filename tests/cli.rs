@@ -1,6 +1,8 @@
 //! The command line as a user meets it: errors that name the file, object and field; invalid
 //! objects skipped with a warning; `sync --once` and `cleanup` on a real kernel in a namespace.
 
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -47,30 +49,51 @@ fn malformed_manifest_fails_naming_file_object_and_field() {
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(
-        err.contains("bad.yaml") && err.contains("Service shop/web") && err.contains("spec.ports[0].port"),
+        err.contains("bad.yaml")
+            && err.contains("Service shop/web")
+            && err.contains("spec.ports[0].port"),
         "{err}"
     );
 
     let broken = write(dir.path(), "broken.yaml", "kind: Service\nspec: [\n");
     let out = switchyard(&["render", "--manifests", &broken]);
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("broken.yaml"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("broken.yaml"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
 fn bad_config_fails_naming_the_field_and_unknown_fields_warn() {
     let dir = tempfile::tempdir().expect("tempdir");
     let m = write(dir.path(), "m.yaml", GOOD);
-    let cfg = write(dir.path(), "kp.yaml", "kind: KubeProxyConfiguration\nnftables: { masqueradeAll: sometimes }\n");
+    let cfg = write(
+        dir.path(),
+        "kp.yaml",
+        "kind: KubeProxyConfiguration\nnftables: { masqueradeAll: sometimes }\n",
+    );
     let out = switchyard(&["render", "--config", &cfg, "--manifests", &m]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
-    assert!(err.contains("kp.yaml") && err.contains("masqueradeAll"), "{err}");
+    assert!(
+        err.contains("kp.yaml") && err.contains("masqueradeAll"),
+        "{err}"
+    );
 
-    let cfg = write(dir.path(), "kp2.yaml", "kind: KubeProxyConfiguration\nclusterCIDR: 10.0.0.0/8\nfrobnicate: true\n");
+    let cfg = write(
+        dir.path(),
+        "kp2.yaml",
+        "kind: KubeProxyConfiguration\nclusterCIDR: 10.0.0.0/8\nfrobnicate: true\n",
+    );
     let out = switchyard(&["render", "--config", &cfg, "--manifests", &m]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("frobnicate"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("frobnicate"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -110,7 +133,10 @@ endpoints: [{ addresses: ["fd00::5"] }]
         assert!(err.contains(needle), "warning lacks {needle:?}: {err}");
     }
     let rendered = text(&out.stdout);
-    assert!(rendered.contains("172.30.0.1 . tcp . 80 : goto cluster-1"), "{rendered}");
+    assert!(
+        rendered.contains("172.30.0.1 . tcp . 80 : goto cluster-1"),
+        "{rendered}"
+    );
     assert!(!rendered.contains("172.30.0.2"), "{rendered}");
 }
 
@@ -120,7 +146,10 @@ struct Netns(String);
 impl Netns {
     fn new(tag: &str) -> Option<Netns> {
         let name = format!("sy-{}-cli-{tag}", std::process::id());
-        let ok = Command::new("ip").args(["netns", "add", &name]).status().is_ok_and(|s| s.success());
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .is_ok_and(|s| s.success());
         if ok {
             return Some(Netns(name));
         }
@@ -149,46 +178,93 @@ impl Drop for Netns {
 
 #[test]
 fn sync_once_then_cleanup_removes_only_our_tables() {
-    let Some(ns) = Netns::new("cleanup") else { return };
+    let Some(ns) = Netns::new("cleanup") else {
+        return;
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let m = write(dir.path(), "m.yaml", GOOD);
     // Someone else's rules, in a table and in the iptables nat table.
     let other = ns.run("nft", &["add table inet firewall; add chain inet firewall input { type filter hook input priority 0; }; add rule inet firewall input tcp dport 22 accept"]);
     assert!(other.status.success(), "{}", text(&other.stderr));
     let bin = env!("CARGO_BIN_EXE_switchyard");
-    let out = ns.run(bin, &["sync", "--once", "--manifests", &m, "--cluster-cidr", "10.0.0.0/8"]);
+    let out = ns.run(
+        bin,
+        &[
+            "sync",
+            "--once",
+            "--manifests",
+            &m,
+            "--cluster-cidr",
+            "10.0.0.0/8",
+        ],
+    );
     assert!(out.status.success(), "sync failed: {}", text(&out.stderr));
     let line = text(&out.stdout);
     assert!(line.contains("sync") && line.contains("ms"), "{line}");
     let listed = text(&ns.run("nft", &["list", "tables"]).stdout);
-    assert!(listed.contains("table ip switchyard") && listed.contains("table ip6 switchyard"), "{listed}");
+    assert!(
+        listed.contains("table ip switchyard") && listed.contains("table ip6 switchyard"),
+        "{listed}"
+    );
 
     // Same input again: nothing to do.
-    let again = ns.run(bin, &["sync", "--once", "--manifests", &m, "--cluster-cidr", "10.0.0.0/8"]);
-    assert!(text(&again.stdout).contains("no changes"), "{}", text(&again.stdout));
+    let again = ns.run(
+        bin,
+        &[
+            "sync",
+            "--once",
+            "--manifests",
+            &m,
+            "--cluster-cidr",
+            "10.0.0.0/8",
+        ],
+    );
+    assert!(
+        text(&again.stdout).contains("no changes"),
+        "{}",
+        text(&again.stdout)
+    );
 
     let out = ns.run(bin, &["cleanup"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let listed = text(&ns.run("nft", &["list", "ruleset"]).stdout);
     assert!(!listed.contains("switchyard"), "{listed}");
-    assert!(listed.contains("table inet firewall") && listed.contains("tcp dport 22 accept"), "{listed}");
+    assert!(
+        listed.contains("table inet firewall") && listed.contains("tcp dport 22 accept"),
+        "{listed}"
+    );
     // Cleaning up twice is fine.
     assert!(ns.run(bin, &["cleanup"]).status.success());
 }
 
 #[test]
 fn drift_is_repaired_by_the_next_sync() {
-    let Some(ns) = Netns::new("drift") else { return };
+    let Some(ns) = Netns::new("drift") else {
+        return;
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let m = write(dir.path(), "m.yaml", GOOD);
     let bin = env!("CARGO_BIN_EXE_switchyard");
-    let args = ["sync", "--once", "--manifests", m.as_str(), "--cluster-cidr", "10.0.0.0/8"];
+    let args = [
+        "sync",
+        "--once",
+        "--manifests",
+        m.as_str(),
+        "--cluster-cidr",
+        "10.0.0.0/8",
+    ];
     assert!(ns.run(bin, &args).status.success());
-    let del = ns.run("nft", &["flush map ip switchyard backends; flush chain ip switchyard services"]);
+    let del = ns.run(
+        "nft",
+        &["flush map ip switchyard backends; flush chain ip switchyard services"],
+    );
     assert!(del.status.success(), "{}", text(&del.stderr));
     let out = ns.run(bin, &args);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let listed = text(&ns.run("nft", &["list", "table", "ip", "switchyard"]).stdout);
-    assert!(listed.contains("172.30.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080"), "{listed}");
+    assert!(
+        listed.contains("172.30.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080"),
+        "{listed}"
+    );
     assert!(listed.contains("vmap @service-ips"), "{listed}");
 }

@@ -1,6 +1,8 @@
 //! Golden tests of `switchyard render`: small scenarios whose rendered transaction is kept as
 //! readable text in tests/golden/*.nft. `SWITCHYARD_UPDATE_GOLDEN=1` rewrites them.
 
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

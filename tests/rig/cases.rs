@@ -1,0 +1,351 @@
+//! The conformance-case data model (`tests/conformance/cases.json`) and per-mode expectations.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole `cases.json` document.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cases {
+    pub schema: String,
+    pub conventions: serde_json::Value,
+    pub semantics: serde_json::Value,
+    pub scenarios: Vec<Scenario>,
+}
+
+impl Cases {
+    /// Loads and parses a cases file.
+    pub fn load(path: &Path) -> Cases {
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+    }
+
+    /// The vendored copy in this repository.
+    pub fn vendored() -> Cases {
+        Cases::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/cases.json"))
+    }
+
+    pub fn scenario(&self, id: &str) -> &Scenario {
+        self.scenarios
+            .iter()
+            .find(|s| s.id == id)
+            .unwrap_or_else(|| panic!("scenario {id:?} not found in cases.json"))
+    }
+}
+
+/// One node state: config, Services, EndpointSlices and the flows to probe.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Scenario {
+    pub id: String,
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub title: String,
+    pub node: NodeConfig,
+    pub services: Vec<Service>,
+    pub endpoint_slices: Vec<EndpointSlice>,
+    pub flows: Vec<Flow>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeConfig {
+    pub name: String,
+    pub ip_family: String,
+    pub ips: Vec<IpAddr>,
+    #[serde(rename = "primaryIP")]
+    pub primary_ip: IpAddr,
+    #[serde(rename = "podCIDR")]
+    pub pod_cidr: Option<String>,
+    #[serde(rename = "clusterCIDR")]
+    pub cluster_cidr: Option<String>,
+    pub local_detect_mode: Option<String>,
+    #[serde(rename = "serviceCIDRs")]
+    pub service_cidrs: Vec<String>,
+    pub masquerade_all: bool,
+    pub node_port_addresses: Option<Vec<String>>,
+    pub localhost_node_ports: bool,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "UDP")]
+    Udp,
+    #[serde(rename = "SCTP")]
+    Sctp,
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        })
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Service {
+    pub namespace: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    pub type_: String,
+    #[serde(rename = "clusterIP")]
+    pub cluster_ip: Option<String>,
+    pub ports: Vec<ServicePort>,
+    #[serde(default, rename = "externalIPs")]
+    pub external_ips: Vec<String>,
+    #[serde(default, rename = "loadBalancerIPs")]
+    pub load_balancer_ips: Vec<String>,
+    #[serde(default)]
+    pub load_balancer_source_ranges: Vec<String>,
+    #[serde(default = "cluster")]
+    pub external_traffic_policy: String,
+    #[serde(default = "cluster")]
+    pub internal_traffic_policy: String,
+    #[serde(default = "none")]
+    pub session_affinity: String,
+    #[serde(default)]
+    pub session_affinity_timeout_seconds: Option<u32>,
+    #[serde(default)]
+    pub health_check_node_port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+}
+
+fn cluster() -> String {
+    "Cluster".to_string()
+}
+
+fn none() -> String {
+    "None".to_string()
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePort {
+    #[serde(default)]
+    pub name: String,
+    pub port: u16,
+    pub protocol: Protocol,
+    #[serde(default)]
+    pub node_port: Option<u16>,
+    #[serde(default)]
+    pub target_port: Option<TargetPort>,
+}
+
+/// A Service targetPort: a number or a named container port.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum TargetPort {
+    Number(u16),
+    Name(String),
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointSlice {
+    pub namespace: String,
+    pub service: String,
+    pub name: String,
+    pub address_type: String,
+    pub ports: Vec<SlicePort>,
+    pub endpoints: Vec<Endpoint>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlicePort {
+    #[serde(default)]
+    pub name: String,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    pub addresses: Vec<IpAddr>,
+    #[serde(default)]
+    pub node_name: Option<String>,
+    #[serde(default)]
+    pub ready: Option<bool>,
+    #[serde(default)]
+    pub serving: Option<bool>,
+    #[serde(default)]
+    pub terminating: Option<bool>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceKind {
+    Pod,
+    EndpointSelf,
+    Node,
+    Localhost,
+    External,
+    LbIpSelf,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub enum Verdict {
+    #[serde(rename = "DNAT")]
+    Dnat,
+    #[serde(rename = "REJECT")]
+    Reject,
+    #[serde(rename = "DROP")]
+    Drop,
+    #[serde(rename = "ACCEPT")]
+    Accept,
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Verdict::Dnat => "DNAT",
+            Verdict::Reject => "REJECT",
+            Verdict::Drop => "DROP",
+            Verdict::Accept => "ACCEPT",
+        })
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Flow {
+    pub name: String,
+    pub source: IpAddr,
+    pub source_kind: SourceKind,
+    pub destination: IpAddr,
+    pub port: u16,
+    pub protocol: Protocol,
+    pub expect: Expect,
+    #[serde(default)]
+    pub tested_in: Vec<String>,
+    #[serde(default)]
+    pub origin: String,
+    #[serde(default)]
+    pub mode_differences: BTreeMap<String, ModeDifference>,
+    #[serde(default)]
+    pub tracer_only: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Expect {
+    pub verdict: Verdict,
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    #[serde(default)]
+    pub masquerade: Option<bool>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModeDifference {
+    pub verdict: Verdict,
+    #[serde(default)]
+    pub endpoints: Option<Vec<String>>,
+    #[serde(default)]
+    pub masquerade: Option<bool>,
+    #[serde(default)]
+    pub notes: Option<String>,
+}
+
+/// The kube-proxy mode whose expectations are checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Nftables,
+    Iptables,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Nftables => "nftables",
+            Mode::Iptables => "iptables",
+        }
+    }
+}
+
+impl Flow {
+    /// The expectation for `mode`: `expect`, overridden by `modeDifferences[mode]`.
+    pub fn expectation(&self, mode: Mode) -> Expect {
+        let Some(diff) = self.mode_differences.get(mode.as_str()) else {
+            return self.expect.clone();
+        };
+        let dnat = diff.verdict == Verdict::Dnat;
+        Expect {
+            verdict: diff.verdict,
+            endpoints: match &diff.endpoints {
+                Some(e) => e.clone(),
+                None if dnat => self.expect.endpoints.clone(),
+                None => Vec::new(),
+            },
+            masquerade: match diff.masquerade {
+                Some(m) => Some(m),
+                None if dnat => self.expect.masquerade,
+                None => None,
+            },
+        }
+    }
+}
+
+impl Flow {
+    /// A flow built in code (for rig self-checks and incremental tests).
+    pub fn new(
+        name: &str,
+        source_kind: SourceKind,
+        source: IpAddr,
+        destination: IpAddr,
+        port: u16,
+        protocol: Protocol,
+        expect: Expect,
+    ) -> Flow {
+        Flow {
+            name: name.to_string(),
+            source,
+            source_kind,
+            destination,
+            port,
+            protocol,
+            expect,
+            tested_in: Vec::new(),
+            origin: "rig".to_string(),
+            mode_differences: BTreeMap::new(),
+            tracer_only: false,
+            notes: None,
+        }
+    }
+}
+
+impl Expect {
+    pub fn dnat(endpoints: &[&str], masquerade: bool) -> Expect {
+        Expect {
+            verdict: Verdict::Dnat,
+            endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
+            masquerade: Some(masquerade),
+        }
+    }
+
+    pub fn verdict(verdict: Verdict) -> Expect {
+        Expect {
+            verdict,
+            endpoints: Vec::new(),
+            masquerade: None,
+        }
+    }
+}
