@@ -268,3 +268,36 @@ fn drift_is_repaired_by_the_next_sync() {
     );
     assert!(listed.contains("vmap @service-ips"), "{listed}");
 }
+
+#[test]
+fn without_a_node_object_node_addresses_come_from_the_interfaces() {
+    let Some(ns) = Netns::new("ifaddrs") else {
+        return;
+    };
+    for cmd in [
+        &["link", "set", "lo", "up"][..],
+        &["addr", "add", "192.0.2.7/32", "dev", "lo"][..],
+    ] {
+        let out = ns.run("ip", cmd);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = write(dir.path(), "m.yaml", GOOD);
+    let bin = env!("CARGO_BIN_EXE_switchyard");
+    let out = ns.run(
+        bin,
+        &[
+            "render",
+            "--manifests",
+            &m,
+            "--nodeport-addresses",
+            "primary",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rendered = text(&out.stdout);
+    assert!(
+        rendered.contains("add element ip switchyard nodeport-addrs {\n\t192.0.2.7\n}"),
+        "{rendered}"
+    );
+}
