@@ -145,6 +145,25 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// A ClusterIP-only service port with every policy at its default.
+    pub fn cluster(name: ServicePortName, cluster_ip: IpAddr, port: u16) -> Self {
+        ServicePort {
+            name,
+            family: IpFamily::of(&cluster_ip),
+            cluster_ip,
+            port,
+            node_port: 0,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
+            external_traffic_policy: TrafficPolicy::Cluster,
+            internal_traffic_policy: TrafficPolicy::Cluster,
+            session_affinity: SessionAffinity::None,
+            traffic_distribution: TrafficDistribution::Unset,
+            health_check_node_port: 0,
+        }
+    }
+
     /// True when traffic from outside the cluster is subject to externalTrafficPolicy.
     pub fn has_external_frontends(&self) -> bool {
         self.node_port != 0 || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()

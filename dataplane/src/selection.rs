@@ -71,21 +71,11 @@ mod tests {
     }
 
     fn svc() -> ServicePort {
-        ServicePort {
-            name: ServicePortName::new("ns", "svc", "p", Protocol::Tcp),
-            family: IpFamily::V4,
-            cluster_ip: "172.30.0.1".parse().unwrap(),
-            port: 80,
-            node_port: 0,
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            external_traffic_policy: TrafficPolicy::Cluster,
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            session_affinity: SessionAffinity::None,
-            traffic_distribution: TrafficDistribution::Unset,
-            health_check_node_port: 0,
-        }
+        ServicePort::cluster(
+            ServicePortName::new("ns", "svc", "p", Protocol::Tcp),
+            "172.30.0.1".parse().unwrap(),
+            80,
+        )
     }
 
     fn node() -> NodeConfig {

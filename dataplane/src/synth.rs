@@ -42,21 +42,7 @@ pub fn cluster(services: usize, endpoints: usize) -> Snapshot {
     };
     for i in 0..services {
         let name = ServicePortName::new("bench", &format!("svc-{i}"), "http", Protocol::Tcp);
-        let port = ServicePort {
-            name: name.clone(),
-            family: IpFamily::V4,
-            cluster_ip: cluster_ip(i),
-            port: 80,
-            node_port: 0,
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            external_traffic_policy: TrafficPolicy::Cluster,
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            session_affinity: SessionAffinity::None,
-            traffic_distribution: TrafficDistribution::Unset,
-            health_check_node_port: 0,
-        };
+        let port = ServicePort::cluster(name.clone(), cluster_ip(i), 80);
         s.services.insert((name.clone(), IpFamily::V4), port);
         let eps = (0..endpoints)
             .map(|j| Endpoint {

@@ -33,21 +33,11 @@ fn node() -> NodeConfig {
 }
 
 fn port(ns: &str, name: &str, cip: &str, p: u16) -> ServicePort {
-    ServicePort {
-        name: ServicePortName::new(ns, name, "http", Protocol::Tcp),
-        family: IpFamily::of(&ip(cip)),
-        cluster_ip: ip(cip),
-        port: p,
-        node_port: 0,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        external_traffic_policy: TrafficPolicy::Cluster,
-        internal_traffic_policy: TrafficPolicy::Cluster,
-        session_affinity: SessionAffinity::None,
-        traffic_distribution: TrafficDistribution::Unset,
-        health_check_node_port: 0,
-    }
+    ServicePort::cluster(
+        ServicePortName::new(ns, name, "http", Protocol::Tcp),
+        ip(cip),
+        p,
+    )
 }
 
 fn snapshot(services: Vec<(ServicePort, Vec<&str>)>) -> Snapshot {
