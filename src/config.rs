@@ -396,7 +396,7 @@ pub fn parse(text: &str, origin: &str) -> Result<(ProxyConfig, Warnings), Config
         }
     }
     // Top-level periods (newer config versions), then the mode's own section wins.
-    read_periods(&map, origin, "", &mut cfg)?;
+    read_periods(&map, origin, &mut cfg)?;
     let section_for_mode = match cfg.mode {
         ProxyMode::Nftables => "nftables",
         ProxyMode::Iptables | ProxyMode::Ipvs => "iptables",
@@ -424,7 +424,7 @@ pub fn parse(text: &str, origin: &str) -> Result<(ProxyConfig, Warnings), Config
                 let bit = get_int(m, &o, "masqueradeBit")?;
                 let localhost = get_bool(m, &o, "localhostNodePorts")?;
                 let mut periods = cfg.clone();
-                read_periods(m, &o, "", &mut periods)?;
+                read_periods(m, &o, &mut periods)?;
                 if let Some(b) = bit {
                     if !(0..=31).contains(&b) {
                         return Err(field_err(
@@ -462,12 +462,7 @@ pub fn parse(text: &str, origin: &str) -> Result<(ProxyConfig, Warnings), Config
     Ok((cfg, warnings))
 }
 
-fn read_periods(
-    map: &Mapping,
-    origin: &str,
-    _prefix: &str,
-    cfg: &mut ProxyConfig,
-) -> Result<(), ConfigError> {
+fn read_periods(map: &Mapping, origin: &str, cfg: &mut ProxyConfig) -> Result<(), ConfigError> {
     for field in ["syncPeriod", "minSyncPeriod"] {
         if let Some(v) = get_str(map, origin, field)? {
             let d = parse_duration(&v).ok_or_else(|| {

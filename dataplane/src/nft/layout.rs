@@ -14,7 +14,7 @@
 //! Slots are assigned stably against the previous state: an endpoint keeps its slot while it
 //! stays, and a removed one's slot is refilled by the last, so a change costs O(changed).
 
-use super::state::{family_name, Chain, Ruleset, Set, Table};
+use super::state::{Chain, Ruleset, Set, Table};
 use crate::model::{
     Endpoint, IpFamily, LocalDetector, NodeConfig, NodePortAddresses, ServicePort, Snapshot,
     TrafficPolicy,
@@ -22,7 +22,6 @@ use crate::model::{
 use crate::selection;
 use ipnetwork::IpNetwork;
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
 pub const SET_CLUSTER_IPS: &str = "cluster-ips";
@@ -611,24 +610,6 @@ pub fn desired(snapshot: &Snapshot, previous: &Ruleset) -> (Ruleset, LayoutRepor
         rs.tables.insert(family, t);
     }
     (rs, report)
-}
-
-/// A human summary of the table layout, used by docs and `render --explain`.
-pub fn describe(table: &Table, family: IpFamily) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "table {} {}", family_name(family), super::state::TABLE);
-    for (name, s) in &table.sets {
-        let _ = writeln!(
-            out,
-            "  {} {name}: {} elements",
-            if s.map { "map" } else { "set" },
-            s.elements.len()
-        );
-    }
-    for (name, c) in &table.chains {
-        let _ = writeln!(out, "  chain {name}: {} rules", c.rules.len());
-    }
-    out
 }
 
 #[cfg(test)]
