@@ -23,6 +23,8 @@ pub enum Command {
     Render(Inputs),
     /// Program the kernel of the current network namespace.
     Sync(SyncArgs),
+    /// The agent: watch the API server (or manifest files) and keep the kernel in sync.
+    Run(RunArgs),
     /// Remove everything Switchyard installed, and nothing else.
     Cleanup(CleanupArgs),
 }
@@ -50,6 +52,24 @@ pub struct SyncArgs {
     pub full: bool,
     #[command(flatten)]
     pub inputs: Inputs,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// KubeProxyConfiguration file.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Watch these manifest files (a file or a directory) instead of an API server.
+    #[arg(long, conflicts_with_all = ["kubeconfig", "master"])]
+    pub manifests: Option<PathBuf>,
+    /// kubeconfig file (default: clientConnection.kubeconfig, else in-cluster configuration).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The API server's address, overriding the kubeconfig's.
+    #[arg(long)]
+    pub master: Option<String>,
+    #[command(flatten)]
+    pub flags: ProxyFlags,
 }
 
 #[derive(Debug, Args)]

@@ -1,6 +1,7 @@
 //! The subcommands: load inputs, build the snapshot, and hand it to the backend.
 
-use crate::cli::{CleanupArgs, Command, Inputs, SyncArgs};
+use crate::agent::{self, AgentError};
+use crate::cli::{CleanupArgs, Command, Inputs, RunArgs, SyncArgs};
 use crate::config::{self, ConfigError, ProxyConfig, ProxyMode};
 use crate::manifests::{self, ManifestError};
 use crate::nodeaddr::Interfaces;
@@ -19,9 +20,11 @@ pub enum CommandError {
     Manifest(#[from] ManifestError),
     #[error("sync failed: {0}")]
     Backend(#[from] BackendError),
+    #[error(transparent)]
+    Agent(#[from] AgentError),
     #[error("proxy mode {0} is not implemented yet; use nftables")]
     ModeNotImplemented(&'static str),
-    #[error("`sync` without --once is the continuous agent, `switchyard run` (not implemented yet); pass --once")]
+    #[error("`sync` without --once is the continuous agent: use `switchyard run`, or pass --once")]
     NeedOnce,
 }
 
@@ -29,13 +32,34 @@ pub fn run(cmd: Command) -> Result<(), CommandError> {
     match cmd {
         Command::Render(inputs) => render(&inputs),
         Command::Sync(args) => sync(&args),
+        Command::Run(args) => run_agent(&args),
         Command::Cleanup(args) => cleanup(&args),
     }
 }
 
+fn run_agent(args: &RunArgs) -> Result<(), CommandError> {
+    let cfg = load_config(args.config.as_deref(), &args.flags)?;
+    if cfg.mode != ProxyMode::Nftables {
+        return Err(CommandError::ModeNotImplemented(cfg.mode.as_str()));
+    }
+    let source = match &args.manifests {
+        Some(path) => agent::Source::Files(path.clone()),
+        None => agent::Source::Kube(agent::kube_source::Connection {
+            kubeconfig: args.kubeconfig.clone().or_else(|| cfg.kubeconfig.clone()),
+            master: args.master.clone(),
+        }),
+    };
+    let node = snapshot::node_name(&cfg);
+    agent::run(cfg, node, source)?;
+    Ok(())
+}
+
 /// Configuration from file and flags.
-fn load_config(inputs: &Inputs) -> Result<ProxyConfig, CommandError> {
-    let mut cfg = match &inputs.config {
+fn load_config(
+    path: Option<&std::path::Path>,
+    flags: &crate::cli::ProxyFlags,
+) -> Result<ProxyConfig, CommandError> {
+    let mut cfg = match path {
         Some(path) => {
             let (cfg, warnings) = config::load_file(path)?;
             for w in warnings {
@@ -46,7 +70,7 @@ fn load_config(inputs: &Inputs) -> Result<ProxyConfig, CommandError> {
         }
         None => ProxyConfig::default(),
     };
-    config::apply_flags(&mut cfg, &inputs.flags)?;
+    config::apply_flags(&mut cfg, flags)?;
     Ok(cfg)
 }
 
@@ -63,7 +87,7 @@ fn report_skipped(skipped: &Skipped) {
 }
 
 fn load(inputs: &Inputs) -> Result<(ProxyConfig, Snapshot), CommandError> {
-    let cfg = load_config(inputs)?;
+    let cfg = load_config(inputs.config.as_deref(), &inputs.flags)?;
     if cfg.mode != ProxyMode::Nftables {
         return Err(CommandError::ModeNotImplemented(cfg.mode.as_str()));
     }

@@ -64,6 +64,8 @@ pub struct ProxyConfig {
     pub bind_address: IpAddr,
     pub healthz_bind_address: String,
     pub metrics_bind_address: String,
+    /// clientConnection.kubeconfig.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 impl Default for ProxyConfig {
@@ -84,6 +86,7 @@ impl Default for ProxyConfig {
             bind_address: IpAddr::from([0, 0, 0, 0]),
             healthz_bind_address: "0.0.0.0:10256".into(),
             metrics_bind_address: "127.0.0.1:10249".into(),
+            kubeconfig: None,
         }
     }
 }
@@ -134,12 +137,12 @@ const KNOWN_TOP: &[&str] = &[
     "metricsBindAddress",
     "syncPeriod",
     "minSyncPeriod",
+    "clientConnection",
 ];
 
 /// kube-proxy fields that are valid but do not change what Switchyard programs.
 const ACCEPTED_TOP: &[&str] = &[
     "bindAddressHardFail",
-    "clientConnection",
     "configSyncPeriod",
     "conntrack",
     "enableProfiling",
@@ -324,6 +327,30 @@ pub fn parse(text: &str, origin: &str) -> Result<(ProxyConfig, Warnings), Config
         })?;
     }
     cfg.hostname_override = get_str(&map, origin, "hostnameOverride")?.filter(|s| !s.is_empty());
+    match map.get("clientConnection") {
+        None | Some(Value::Null) => {}
+        Some(Value::Mapping(cc)) => {
+            cfg.kubeconfig = match cc.get("kubeconfig") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) if s.is_empty() => None,
+                Some(Value::String(s)) => Some(PathBuf::from(s)),
+                Some(other) => {
+                    return Err(field_err(
+                        origin,
+                        "clientConnection.kubeconfig",
+                        format!("expected a string, got {}", kind_of(other)),
+                    ))
+                }
+            };
+        }
+        Some(other) => {
+            return Err(field_err(
+                origin,
+                "clientConnection",
+                format!("expected a mapping, got {}", kind_of(other)),
+            ))
+        }
+    }
     if let Some(c) = get_str(&map, origin, "clusterCIDR")? {
         cfg.cluster_cidrs = parse_cidrs(origin, "clusterCIDR", &c)?;
     }

@@ -1,6 +1,7 @@
 //! `switchyard`: a thin entry point that dispatches into the agent's modules.
 #![forbid(unsafe_code)]
 
+mod agent;
 mod cli;
 mod commands;
 mod config;

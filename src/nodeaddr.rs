@@ -11,7 +11,13 @@ pub struct Interfaces;
 
 impl NodeAddressSource for Interfaces {
     fn addresses(&self) -> Vec<IpAddr> {
-        match read() {
+        // A thread of its own: read() runs a runtime, which cannot nest in the agent's.
+        let result = std::thread::scope(|s| {
+            s.spawn(read)
+                .join()
+                .unwrap_or_else(|_| Err("address reader panicked".to_string()))
+        });
+        match result {
             Ok(list) => list,
             Err(e) => {
                 tracing::warn!("cannot list interface addresses over rtnetlink: {e}");

@@ -7,6 +7,7 @@ use crate::manifests::Manifests;
 use dataplane::model::{IpFamily, LocalDetector, NodeConfig, NodePortAddresses, Snapshot};
 use ipnetwork::IpNetwork;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -25,7 +26,7 @@ pub struct Skipped {
 }
 
 impl Skipped {
-    fn record(&mut self, s: Skip) {
+    pub fn record(&mut self, s: Skip) {
         match &s {
             Skip::NotProxied { .. } => self.ignored.push(s.to_string()),
             Skip::Invalid { reason, .. } => self.invalid.push((reason, s.to_string())),
@@ -69,18 +70,16 @@ pub trait NodeAddressSource {
     fn addresses(&self) -> Vec<IpAddr>;
 }
 
-/// Build the snapshot. `interfaces` is asked only when the Node object is missing.
-pub fn build(
+/// The node's facts and the configuration's consequences for this node. `interfaces` is
+/// asked only when there is no Node object.
+pub fn node_config(
     cfg: &ProxyConfig,
-    objs: &Manifests,
+    name: String,
+    node_obj: Option<&Node>,
+    service_cidrs: &[ServiceCIDR],
     interfaces: &dyn NodeAddressSource,
-) -> (Snapshot, Skipped) {
-    let mut skipped = Skipped::default();
-    let name = node_name(cfg);
-    let node_obj = objs
-        .nodes
-        .iter()
-        .find(|n| n.metadata.name.as_deref() == Some(name.as_str()));
+    skipped: &mut Skipped,
+) -> NodeConfig {
     let node_ips = match node_obj {
         Some(n) => node_object_ips(n),
         None => interfaces.addresses(),
@@ -135,8 +134,7 @@ pub fn build(
         )
     };
 
-    let service_cidrs: Vec<IpNetwork> = objs
-        .service_cidrs
+    let service_cidrs: Vec<IpNetwork> = service_cidrs
         .iter()
         .flat_map(|c| {
             c.spec
@@ -156,18 +154,41 @@ pub fn build(
         })
         .collect();
 
+    NodeConfig {
+        name,
+        node_ips,
+        local_detector,
+        masquerade_all: cfg.masquerade_all,
+        masquerade_bit: cfg.masquerade_bit,
+        node_port_addresses,
+        service_cidrs,
+        localhost_node_ports: cfg.localhost_node_ports,
+        zone,
+    }
+}
+
+/// Build the snapshot. `interfaces` is asked only when the Node object is missing.
+pub fn build(
+    cfg: &ProxyConfig,
+    objs: &Manifests,
+    interfaces: &dyn NodeAddressSource,
+) -> (Snapshot, Skipped) {
+    let mut skipped = Skipped::default();
+    let name = node_name(cfg);
+    let node_obj = objs
+        .nodes
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(name.as_str()));
+    let node = node_config(
+        cfg,
+        name,
+        node_obj,
+        &objs.service_cidrs,
+        interfaces,
+        &mut skipped,
+    );
     let mut snapshot = Snapshot {
-        node: NodeConfig {
-            name,
-            node_ips,
-            local_detector,
-            masquerade_all: cfg.masquerade_all,
-            masquerade_bit: cfg.masquerade_bit,
-            node_port_addresses,
-            service_cidrs,
-            localhost_node_ports: cfg.localhost_node_ports,
-            zone,
-        },
+        node,
         ..Snapshot::default()
     };
     for svc in &objs.services {

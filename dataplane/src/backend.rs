@@ -26,11 +26,14 @@ impl BackendError {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyncReport {
     pub full: bool,
+    /// A full sync found the kernel no longer holding what the previous sync committed
+    /// (someone deleted a table, chain or elements) and repaired it.
+    pub drift: bool,
     pub stats: TxStats,
     pub duration: Duration,
     /// Front ends left out because another service holds them.
     pub conflicts: Vec<String>,
-    pub no_local_endpoints: usize,
+    pub no_local_endpoints: crate::nft::layout::NoLocalEndpoints,
     pub services: usize,
     pub endpoints: usize,
 }

@@ -40,13 +40,21 @@ const REJECT: &str = "goto reject-chain";
 /// Verdict for a front end whose policy leaves no endpoint (e.g. Local with none here).
 const DROP: &str = "drop";
 
+/// Service ports with endpoints but none local, per policy (kube-proxy's `traffic_policy`
+/// label).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NoLocalEndpoints {
+    pub internal: usize,
+    pub external: usize,
+}
+
 /// What the layout had to leave out, for logs and metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LayoutReport {
     /// One line per skipped front end, naming the service that lost it.
     pub conflicts: Vec<String>,
     /// Service ports with endpoints but none usable under their Local policy.
-    pub no_local_endpoints: usize,
+    pub no_local_endpoints: NoLocalEndpoints,
 }
 
 /// Family-specific words.
@@ -489,11 +497,11 @@ impl<'a> Builder<'a> {
         let internal = selection::internal(svc, &sel).to_vec();
         let external = selection::external(svc, &sel).to_vec();
         let local_policy = svc.external_traffic_policy == TrafficPolicy::Local;
-        if has_any
-            && ((svc.internal_traffic_policy == TrafficPolicy::Local && internal.is_empty())
-                || (local_policy && svc.has_external_frontends() && external.is_empty()))
-        {
-            self.report.no_local_endpoints += 1;
+        if has_any && svc.internal_traffic_policy == TrafficPolicy::Local && internal.is_empty() {
+            self.report.no_local_endpoints.internal += 1;
+        }
+        if has_any && local_policy && svc.has_external_frontends() && external.is_empty() {
+            self.report.no_local_endpoints.external += 1;
         }
 
         self.insert(SET_CLUSTER_IPS, svc.cluster_ip.to_string(), None);
@@ -597,7 +605,8 @@ fn family_table(
             .insert(kind.chain(n), lb_chain(node, family, kind, n));
     }
     report.conflicts.append(&mut b.report.conflicts);
-    report.no_local_endpoints += b.report.no_local_endpoints;
+    report.no_local_endpoints.internal += b.report.no_local_endpoints.internal;
+    report.no_local_endpoints.external += b.report.no_local_endpoints.external;
     b.table
 }
 

@@ -43,9 +43,15 @@ impl<E: NftExecutor> NftBackend<E> {
 impl<E: NftExecutor> Backend for NftBackend<E> {
     fn sync(&mut self, snapshot: &Snapshot, full: bool) -> Result<SyncReport, BackendError> {
         let started = Instant::now();
+        let mut drift = false;
         let current = match (full, self.applied.take()) {
             (false, Some(applied)) => applied,
-            _ => self.exec.read()?,
+            (true, Some(applied)) => {
+                let kernel = self.exec.read()?;
+                drift = !transaction::diff(&kernel, &applied, false).is_empty();
+                kernel
+            }
+            (_, None) => self.exec.read()?,
         };
         let (desired, layout) = layout::desired(snapshot, &current);
         let tx = transaction::diff(&current, &desired, full);
@@ -59,6 +65,7 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
         self.applied = Some(desired);
         Ok(SyncReport {
             full,
+            drift,
             stats: tx.stats(),
             duration: started.elapsed(),
             conflicts: layout.conflicts,

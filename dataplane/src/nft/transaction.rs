@@ -240,11 +240,11 @@ fn compatible(old: &Table, new: &Table) -> bool {
     new.sets.iter().all(|(name, s)| {
         old.sets
             .get(name)
-            .map_or(true, |o| o.fingerprint == s.fingerprint && o.map == s.map)
+            .is_none_or(|o| o.fingerprint == s.fingerprint && o.map == s.map)
     }) && new.chains.iter().all(|(name, c)| {
         old.chains
             .get(name)
-            .map_or(true, |o| o.hook.is_some() == c.hook.is_some())
+            .is_none_or(|o| o.hook.is_some() == c.hook.is_some())
     }) && old.sets.keys().all(|k| new.sets.contains_key(k))
 }
 

@@ -1,0 +1,193 @@
+//! The API server as a source: kube-runtime watchers on Services and EndpointSlices (with
+//! kube-proxy's label selector), this node's Node and the ServiceCIDRs. Each initial list
+//! (and every relist after 410 Gone or a lost connection) is buffered and reported as one
+//! complete set, so objects deleted during an outage disappear when the watch comes back.
+
+use super::metrics::Metrics;
+use super::store::{object_key, Kind, SourceEvent};
+use crate::manifests::Object;
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use std::path::PathBuf;
+use tokio::sync::mpsc;
+
+/// kube-proxy's selector: services another proxy handles and headless ones are not ours.
+pub const SERVICE_SELECTOR: &str =
+    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+
+/// Where the API server is and how to reach it.
+#[derive(Debug, Clone, Default)]
+pub struct Connection {
+    /// A kubeconfig file; without one, in-cluster configuration (or $KUBECONFIG).
+    pub kubeconfig: Option<PathBuf>,
+    /// Overrides the server address of the kubeconfig (kube-proxy's --master).
+    pub master: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("kubeconfig {}: {source}", path.display())]
+    Kubeconfig {
+        path: PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("no API server configuration (not in a cluster and no --kubeconfig): {0}")]
+    Infer(#[from] kube::config::InferConfigError),
+    #[error("--master {url:?} is not a URL: {message}")]
+    Master { url: String, message: String },
+    #[error("cannot build the API client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// Build the client as kube-proxy would: kubeconfig if given, else in-cluster.
+pub async fn client(conn: &Connection) -> Result<Client, ConnectError> {
+    let mut config = match &conn.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
+                ConnectError::Kubeconfig {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|source| ConnectError::Kubeconfig {
+                    path: path.clone(),
+                    source,
+                })?
+        }
+        None => kube::Config::infer().await?,
+    };
+    if let Some(url) = &conn.master {
+        config.cluster_url =
+            url.parse()
+                .map_err(|e: ::http::uri::InvalidUri| ConnectError::Master {
+                    url: url.clone(),
+                    message: e.to_string(),
+                })?;
+    }
+    Ok(Client::try_from(config)?)
+}
+
+/// Start one watcher per kind; they run until the receiver goes away.
+pub fn spawn(client: Client, node_name: &str, tx: mpsc::Sender<SourceEvent>, metrics: Metrics) {
+    let services: Api<Service> = Api::all(client.clone());
+    let slices: Api<EndpointSlice> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let cidrs: Api<ServiceCIDR> = Api::all(client);
+    let svc_cfg = watcher::Config::default().labels(SERVICE_SELECTOR);
+    // Slices of headless services and of other proxies' services carry the same labels.
+    let slice_cfg = watcher::Config::default().labels(SERVICE_SELECTOR);
+    let node_cfg = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+    tokio::spawn(run(
+        Kind::Service,
+        services,
+        svc_cfg,
+        tx.clone(),
+        metrics.clone(),
+        |s| Object::Service(Box::new(s)),
+    ));
+    tokio::spawn(run(
+        Kind::EndpointSlice,
+        slices,
+        slice_cfg,
+        tx.clone(),
+        metrics.clone(),
+        |s| Object::EndpointSlice(Box::new(s)),
+    ));
+    tokio::spawn(run(
+        Kind::Node,
+        nodes,
+        node_cfg,
+        tx.clone(),
+        metrics.clone(),
+        |n| Object::Node(Box::new(n)),
+    ));
+    tokio::spawn(run(
+        Kind::ServiceCidr,
+        cidrs,
+        watcher::Config::default(),
+        tx,
+        metrics,
+        |c| Object::ServiceCidr(Box::new(c)),
+    ));
+}
+
+async fn run<K>(
+    kind: Kind,
+    api: Api<K>,
+    cfg: watcher::Config,
+    tx: mpsc::Sender<SourceEvent>,
+    metrics: Metrics,
+    wrap: fn(K) -> Object,
+) where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+    let mut buffer: Vec<Object> = Vec::new();
+    let mut listed = false;
+    while let Some(item) = stream.next().await {
+        let event = match item {
+            Ok(Event::Init) => {
+                buffer.clear();
+                continue;
+            }
+            Ok(Event::InitApply(o)) => {
+                buffer.push(wrap(o));
+                continue;
+            }
+            Ok(Event::InitDone) => {
+                if listed {
+                    tracing::info!("{}: relisted {} objects", kind.as_str(), buffer.len());
+                } else {
+                    tracing::info!("{}: listed {} objects", kind.as_str(), buffer.len());
+                }
+                listed = true;
+                SourceEvent::Replace(kind, std::mem::take(&mut buffer))
+            }
+            Ok(Event::Apply(o)) => SourceEvent::Apply(wrap(o)),
+            Ok(Event::Delete(o)) => SourceEvent::Delete(kind, object_key(&wrap(o))),
+            Err(e) => {
+                metrics
+                    .watch_errors
+                    .with_label_values(&[kind.as_str()])
+                    .inc();
+                if !listed && kind == Kind::ServiceCidr && is_not_found(&e) {
+                    // An API server without ServiceCIDRs (before 1.33): none to read.
+                    tracing::info!("ServiceCIDR: not served by this API server; none used");
+                    listed = true;
+                    if tx
+                        .send(SourceEvent::Replace(kind, Vec::new()))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    continue;
+                }
+                // Retried with backoff by the stream; the rules in the kernel keep serving.
+                tracing::warn!("{} watch: {e}; retrying", kind.as_str());
+                continue;
+            }
+        };
+        if tx.send(event).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn is_not_found(e: &watcher::Error) -> bool {
+    let inner = match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => e,
+        _ => return false,
+    };
+    matches!(inner, kube::Error::Api(s) if s.code == 404)
+}

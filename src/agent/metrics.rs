@@ -1,0 +1,290 @@
+//! The agent's Prometheus metrics: kube-proxy's names, labels and buckets, so existing
+//! dashboards and alerts keep working, plus `switchyard_` metrics for what kube-proxy lacks.
+
+use prometheus::{
+    exponential_buckets, linear_buckets, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts,
+    IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Every metric the agent exports, registered in one registry.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    pub sync_duration: Histogram,
+    pub sync_full_duration: Histogram,
+    pub sync_partial_duration: Histogram,
+    pub network_programming: Histogram,
+    pub last_sync_timestamp: Gauge,
+    pub last_queued_timestamp: Gauge,
+    pub service_changes_pending: IntGauge,
+    pub service_changes_total: IntCounter,
+    pub endpoint_changes_pending: IntGauge,
+    pub endpoint_changes_total: IntCounter,
+    pub nftables_sync_failures: IntCounter,
+    pub no_local_endpoints: IntGaugeVec,
+    pub drift_repairs: IntCounter,
+    pub objects_invalid: IntGaugeVec,
+    pub kernel_operations: Histogram,
+    pub event_to_kernel: Histogram,
+    pub watch_errors: IntCounterVec,
+    pub sync_failures: IntCounterVec,
+    pub programmed: GaugeVec,
+    pub healthz: IntCounterVec,
+    pub livez: IntCounterVec,
+}
+
+/// A metric could not be registered (a programming error: duplicate or malformed names).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot register metrics: {0}")]
+pub struct MetricsError(#[from] prometheus::Error);
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: Vec<f64>,
+) -> Result<Histogram, MetricsError> {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))?;
+    registry.register(Box::new(h.clone()))?;
+    Ok(h)
+}
+
+fn register<T: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    c: T,
+) -> Result<T, MetricsError> {
+    registry.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+/// kube-proxy's sync latency buckets: 1 ms doubling, 15 buckets.
+fn sync_buckets() -> Result<Vec<f64>, MetricsError> {
+    Ok(exponential_buckets(0.001, 2.0, 15)?)
+}
+
+/// kube-proxy's network programming buckets: 0, then 0.25 s steps to 0.5 s, 1 s to 59 s,
+/// 5 s to 115 s, 30 s to 5 min.
+fn programming_buckets() -> Result<Vec<f64>, MetricsError> {
+    let mut b = vec![0.0];
+    b.extend(linear_buckets(0.25, 0.25, 2)?);
+    b.extend(linear_buckets(1.0, 1.0, 59)?);
+    b.extend(linear_buckets(60.0, 5.0, 12)?);
+    b.extend(linear_buckets(120.0, 30.0, 7)?);
+    Ok(b)
+}
+
+impl Metrics {
+    pub fn new() -> Result<Metrics, MetricsError> {
+        let r = Registry::new();
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        let sync_help = |what: &str| format!("SyncProxyRules latency in seconds{what}");
+        Ok(Metrics {
+            sync_duration: histogram(
+                &r,
+                "kubeproxy_sync_proxy_rules_duration_seconds",
+                &sync_help(""),
+                sync_buckets()?,
+            )?,
+            sync_full_duration: histogram(
+                &r,
+                "kubeproxy_sync_full_proxy_rules_duration_seconds",
+                &sync_help(" for full resyncs"),
+                sync_buckets()?,
+            )?,
+            sync_partial_duration: histogram(
+                &r,
+                "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+                &sync_help(" for partial resyncs"),
+                sync_buckets()?,
+            )?,
+            network_programming: histogram(
+                &r,
+                "kubeproxy_network_programming_duration_seconds",
+                "In Cluster Network Programming Latency in seconds",
+                programming_buckets()?,
+            )?,
+            last_sync_timestamp: register(
+                &r,
+                Gauge::new(
+                    "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+                    "The last time proxy rules were successfully synced",
+                )?,
+            )?,
+            last_queued_timestamp: register(
+                &r,
+                Gauge::new(
+                    "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+                    "The last time a sync of proxy rules was queued",
+                )?,
+            )?,
+            service_changes_pending: register(
+                &r,
+                IntGauge::new(
+                    "kubeproxy_sync_proxy_rules_service_changes_pending",
+                    "Pending proxy rules Service changes",
+                )?,
+            )?,
+            service_changes_total: register(
+                &r,
+                IntCounter::new(
+                    "kubeproxy_sync_proxy_rules_service_changes_total",
+                    "Cumulative proxy rules Service changes",
+                )?,
+            )?,
+            endpoint_changes_pending: register(
+                &r,
+                IntGauge::new(
+                    "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                    "Pending proxy rules Endpoint changes",
+                )?,
+            )?,
+            endpoint_changes_total: register(
+                &r,
+                IntCounter::new(
+                    "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+                    "Cumulative proxy rules Endpoint changes",
+                )?,
+            )?,
+            nftables_sync_failures: register(
+                &r,
+                IntCounter::new(
+                    "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+                    "Cumulative proxy nftables sync failures",
+                )?,
+            )?,
+            no_local_endpoints: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                        "Number of services with a Local traffic policy and no endpoints",
+                    ),
+                    &["traffic_policy"],
+                )?,
+            )?,
+            drift_repairs: register(
+                &r,
+                IntCounter::new(
+                    "switchyard_drift_repairs_total",
+                    "Full syncs that found the kernel no longer holding what was programmed, and repaired it",
+                )?,
+            )?,
+            objects_invalid: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "switchyard_objects_invalid",
+                        "Objects whose current version is invalid and is not programmed, by reason",
+                    ),
+                    &["reason"],
+                )?,
+            )?,
+            kernel_operations: histogram(
+                &r,
+                "switchyard_sync_kernel_operations",
+                "Kernel operations (rules, elements, chains, sets) per committed sync",
+                exponential_buckets(1.0, 4.0, 12)?,
+            )?,
+            event_to_kernel: histogram(
+                &r,
+                "switchyard_event_to_kernel_seconds",
+                "From the arrival of a watch event to the kernel commit that carries it; free of control-plane clock skew",
+                vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+                    0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
+                ],
+            )?,
+            watch_errors: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "switchyard_watch_errors_total",
+                        "Errors of the API watches (each is retried with backoff), by kind",
+                    ),
+                    &["kind"],
+                )?,
+            )?,
+            sync_failures: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "switchyard_sync_failures_total",
+                        "Failed syncs by reason",
+                    ),
+                    &["reason"],
+                )?,
+            )?,
+            programmed: register(
+                &r,
+                GaugeVec::new(
+                    Opts::new(
+                        "switchyard_programmed",
+                        "What the last committed sync programs: service ports and endpoints",
+                    ),
+                    &["what"],
+                )?,
+            )?,
+            healthz: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new("kubeproxy_proxy_healthz_total", "Cumulative proxy healthz HTTP status"),
+                    &["code"],
+                )?,
+            )?,
+            livez: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new("kubeproxy_proxy_livez_total", "Cumulative proxy livez HTTP status"),
+                    &["code"],
+                )?,
+            )?,
+            registry: r,
+        })
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!("cannot encode metrics: {e}");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_kube_proxys() {
+        let b = sync_buckets().unwrap();
+        assert_eq!(b.len(), 15);
+        assert_eq!(b[0], 0.001);
+        assert_eq!(b[14], 16.384);
+        let p = programming_buckets().unwrap();
+        assert_eq!(p[..4], [0.0, 0.25, 0.5, 1.0]);
+        assert_eq!(p.len(), 81);
+        assert_eq!(p[p.len() - 1], 300.0);
+    }
+
+    #[test]
+    fn renders_every_kube_proxy_name() {
+        let m = Metrics::new().unwrap();
+        m.sync_duration.observe(0.002);
+        m.no_local_endpoints.with_label_values(&["external"]).set(0);
+        let text = m.render();
+        for name in [
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.002\"} 1",
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}",
+        ] {
+            assert!(text.contains(name), "{name} missing from\n{text}");
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! `switchyard run`: the continuous agent. Wires a source (the API server or manifest files)
+//! into the object store, runs syncs when the schedule says so, and serves metrics and
+//! health.
+
+pub mod file_source;
+pub mod health;
+pub mod http;
+pub mod kube_source;
+pub mod metrics;
+pub mod schedule;
+pub mod store;
+
+use crate::config::ProxyConfig;
+use crate::manifests::ManifestError;
+use crate::nodeaddr::Interfaces;
+use dataplane::backend::{Backend, BackendError, SyncReport};
+use dataplane::nft::exec::NftCommand;
+use dataplane::nft::NftBackend;
+use health::Health;
+use metrics::Metrics;
+use schedule::Schedule;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+use store::{Changes, SourceEvent, Store};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+/// Where objects come from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    Kube(kube_source::Connection),
+    Files(PathBuf),
+}
+
+/// Errors that stop the agent from starting or running.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("{field} {addr:?}: {message}")]
+    Bind {
+        field: &'static str,
+        addr: String,
+        message: String,
+    },
+    #[error(transparent)]
+    Metrics(#[from] metrics::MetricsError),
+    #[error(transparent)]
+    Connect(#[from] kube_source::ConnectError),
+    #[error(transparent)]
+    Manifests(#[from] ManifestError),
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+    #[error("the {0} source stopped")]
+    SourceEnded(&'static str),
+}
+
+/// Run the agent until SIGTERM or SIGINT. The rules stay in the kernel when it stops.
+pub fn run(cfg: ProxyConfig, node_name: String, source: Source) -> Result<(), AgentError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(AgentError::Runtime)?;
+    rt.block_on(run_async(cfg, node_name, source))
+}
+
+async fn bind(field: &'static str, addr: &str) -> Result<tokio::net::TcpListener, AgentError> {
+    let err = |message: String| AgentError::Bind {
+        field,
+        addr: addr.to_string(),
+        message,
+    };
+    let sa: SocketAddr = addr
+        .parse()
+        .map_err(|e| err(format!("not an address:port: {e}")))?;
+    tokio::net::TcpListener::bind(sa)
+        .await
+        .map_err(|e| err(format!("cannot listen: {e}")))
+}
+
+async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Result<(), AgentError> {
+    let metrics = Metrics::new()?;
+    let health = Arc::new(Mutex::new(Health::new(cfg.sync_period * 2)));
+    let mut sigterm = signal(SignalKind::terminate()).map_err(AgentError::Signals)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(AgentError::Signals)?;
+
+    // An empty address turns a server off, as in kube-proxy.
+    if !cfg.metrics_bind_address.is_empty() {
+        let listener = bind("metricsBindAddress", &cfg.metrics_bind_address).await?;
+        tokio::spawn(http::serve(listener, metrics_router(metrics.clone())));
+    }
+    if !cfg.healthz_bind_address.is_empty() {
+        let listener = bind("healthzBindAddress", &cfg.healthz_bind_address).await?;
+        tokio::spawn(http::serve(
+            listener,
+            health_router(health.clone(), metrics.clone()),
+        ));
+    }
+
+    let (tx, mut rx) = mpsc::channel::<SourceEvent>(4096);
+    let source_name = match source {
+        Source::Kube(conn) => {
+            let client = kube_source::client(&conn).await?;
+            kube_source::spawn(client, &node_name, tx, metrics.clone());
+            "API server"
+        }
+        Source::Files(path) => {
+            for ev in file_source::initial(&path)? {
+                // The channel is fresh and larger than four events.
+                let _ = tx.try_send(ev);
+            }
+            tokio::spawn(file_source::watch(path, tx));
+            "manifest"
+        }
+    };
+
+    let mut agent = Agent {
+        store: Store::new(cfg.clone(), node_name, Box::new(Interfaces)),
+        backend: NftBackend::new(NftCommand::default()),
+        schedule: Schedule::new(cfg.min_sync_period, cfg.sync_period),
+        metrics,
+        health,
+        unsynced: Changes::default(),
+        first_queued: None,
+    };
+    tracing::info!(
+        "switchyard agent started: minSyncPeriod {:?}, syncPeriod {:?}; waiting for the initial lists",
+        cfg.min_sync_period,
+        cfg.sync_period
+    );
+    loop {
+        let due = agent.schedule.due(agent.store.initial_lists_done());
+        let sleep = async {
+            match due {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = sigterm.recv() => {
+                tracing::info!("SIGTERM: stopping; the programmed rules stay in place");
+                return Ok(());
+            }
+            _ = sigint.recv() => {
+                tracing::info!("SIGINT: stopping; the programmed rules stay in place");
+                return Ok(());
+            }
+            ev = rx.recv() => {
+                let Some(ev) = ev else {
+                    return Err(AgentError::SourceEnded(source_name));
+                };
+                agent.record(ev);
+                // Take what else is already waiting, so a burst costs one pass.
+                while let Ok(ev) = rx.try_recv() {
+                    agent.record(ev);
+                }
+            }
+            _ = sleep => agent.sync(),
+        }
+    }
+}
+
+fn metrics_router(metrics: Metrics) -> http::Router {
+    Arc::new(move |path| match path {
+        "/metrics" => Some(http::Reply {
+            status: 200,
+            content_type: "text/plain; version=0.0.4; charset=utf-8",
+            body: metrics.render(),
+        }),
+        _ => None,
+    })
+}
+
+fn health_router(health: Arc<Mutex<Health>>, metrics: Metrics) -> http::Router {
+    Arc::new(move |path| {
+        let now = SystemTime::now();
+        let (reply, counter) = {
+            let h = health.lock().unwrap_or_else(|p| p.into_inner());
+            match path {
+                "/healthz" => (h.healthz(now), &metrics.healthz),
+                "/livez" => (h.livez(now), &metrics.livez),
+                _ => return None,
+            }
+        };
+        counter
+            .with_label_values(&[&reply.status.to_string()])
+            .inc();
+        Some(http::Reply::json(reply.status, reply.body))
+    })
+}
+
+/// The agent's state between events.
+struct Agent {
+    store: Store,
+    backend: NftBackend<NftCommand>,
+    schedule: Schedule,
+    metrics: Metrics,
+    health: Arc<Mutex<Health>>,
+    /// Changes taken by syncs that failed; their latencies count when a sync succeeds.
+    unsynced: Changes,
+    /// Wall-clock arrival of the oldest change not yet programmed.
+    first_queued: Option<SystemTime>,
+}
+
+impl Agent {
+    fn health(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record(&mut self, ev: SourceEvent) {
+        let rec = self.store.apply(ev, Instant::now());
+        self.metrics
+            .service_changes_total
+            .inc_by(rec.service_events as u64);
+        self.metrics
+            .endpoint_changes_total
+            .inc_by(rec.endpoint_events as u64);
+        self.update_pending_gauges();
+        self.health().set_node(self.store.node());
+        if self.store.has_pending() {
+            self.schedule.request();
+            let now = SystemTime::now();
+            self.first_queued.get_or_insert(now);
+            self.health().queued(now);
+            self.metrics.last_queued_timestamp.set(unix_seconds(now));
+        }
+    }
+
+    fn update_pending_gauges(&self) {
+        self.metrics
+            .service_changes_pending
+            .set(self.store.pending_services() as i64);
+        self.metrics
+            .endpoint_changes_pending
+            .set(self.store.pending_endpoints() as i64);
+        self.metrics.objects_invalid.reset();
+        for (reason, n) in self.store.invalid_by_reason() {
+            self.metrics
+                .objects_invalid
+                .with_label_values(&[reason])
+                .set(n as i64);
+        }
+    }
+
+    fn sync(&mut self) {
+        let started = Instant::now();
+        let full = self.schedule.start(started);
+        let changes = self.store.take_changes();
+        merge_changes(&mut self.unsynced, changes);
+        let snapshot = self.store.snapshot();
+        // nft runs as a child process; keep the runtime's other tasks (HTTP, watches) going.
+        let result = tokio::task::block_in_place(|| self.backend.sync(snapshot, full));
+        let done = Instant::now();
+        self.update_pending_gauges();
+        match result {
+            Ok(report) => self.succeeded(report, done),
+            Err(e) => self.failed(&e, done),
+        }
+    }
+
+    fn succeeded(&mut self, report: SyncReport, done: Instant) {
+        let now = SystemTime::now();
+        self.schedule.succeeded(done, report.full);
+        let secs = report.duration.as_secs_f64();
+        self.metrics.sync_duration.observe(secs);
+        if report.full {
+            self.metrics.sync_full_duration.observe(secs);
+        } else {
+            self.metrics.sync_partial_duration.observe(secs);
+        }
+        self.metrics.last_sync_timestamp.set(unix_seconds(now));
+        self.metrics
+            .kernel_operations
+            .observe(report.stats.operations() as f64);
+        self.metrics
+            .no_local_endpoints
+            .with_label_values(&["internal"])
+            .set(report.no_local_endpoints.internal as i64);
+        self.metrics
+            .no_local_endpoints
+            .with_label_values(&["external"])
+            .set(report.no_local_endpoints.external as i64);
+        self.metrics
+            .programmed
+            .with_label_values(&["service_ports"])
+            .set(report.services as f64);
+        self.metrics
+            .programmed
+            .with_label_values(&["endpoints"])
+            .set(report.endpoints as f64);
+        if report.drift {
+            self.metrics.drift_repairs.inc();
+            tracing::warn!(
+                "the kernel no longer held what the last sync programmed; repaired: {}",
+                report.summary()
+            );
+        }
+        for c in &report.conflicts {
+            tracing::warn!("{c}");
+        }
+        let changes = std::mem::take(&mut self.unsynced);
+        for (_, c) in &changes.endpoints {
+            if let Some(t) = c.trigger_time {
+                if let Ok(d) = now.duration_since(t) {
+                    self.metrics.network_programming.observe(d.as_secs_f64());
+                }
+            }
+        }
+        let arrivals = changes
+            .services
+            .iter()
+            .map(|(_, c)| c.first_event)
+            .chain(changes.endpoints.iter().map(|(_, c)| c.first_event));
+        for first in arrivals {
+            self.metrics
+                .event_to_kernel
+                .observe(done.duration_since(first).as_secs_f64());
+        }
+        // Changes that arrived while the sync ran are still queued.
+        let still = self.store.oldest_pending().map(|i| {
+            now.checked_sub(Instant::now().duration_since(i))
+                .unwrap_or(now)
+        });
+        self.first_queued = still;
+        self.health().updated(now, still);
+        if report.stats.operations() > 0 || report.full {
+            tracing::info!("{}", report.summary());
+        } else {
+            tracing::debug!("{}", report.summary());
+        }
+    }
+
+    fn failed(&mut self, e: &BackendError, done: Instant) {
+        self.metrics.nftables_sync_failures.inc();
+        self.metrics
+            .sync_failures
+            .with_label_values(&[e.reason()])
+            .inc();
+        let backoff = self.schedule.failed(done);
+        tracing::error!(
+            "sync failed ({} in a row), retrying in full in {:?}: {e}",
+            self.schedule.failures(),
+            backoff
+        );
+        if self.first_queued.is_none() {
+            let now = SystemTime::now();
+            self.first_queued = Some(now);
+            self.health().queued(now);
+        }
+    }
+}
+
+fn merge_changes(into: &mut Changes, more: Changes) {
+    into.services.extend(more.services);
+    into.endpoints.extend(more.endpoints);
+    into.node |= more.node;
+}
+
+fn unix_seconds(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs_f64()
+}

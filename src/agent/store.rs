@@ -1,0 +1,582 @@
+//! The agent's object store: the converted form of every watched object, the live snapshot
+//! kept up to date from them one object at a time, and the change tracker that records
+//! {previous, current} per service until the next sync takes the changes.
+
+use crate::config::ProxyConfig;
+use crate::convert::{self, Skip, SliceEndpoints, LABEL_SERVICE_NAME};
+use crate::manifests::Object;
+use crate::snapshot::{self, NodeAddressSource, Skipped};
+use dataplane::model::{Endpoint, ServicePort, ServicePortName, Snapshot};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Instant, SystemTime};
+
+/// The annotation an EndpointSlice controller sets to when the change that produced it
+/// happened; network programming latency is measured from it, as in kube-proxy.
+pub const ANNOTATION_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// (namespace, name); cluster-scoped objects have an empty namespace.
+pub type ObjectKey = (String, String);
+
+/// The kinds of object the agent watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Service,
+    EndpointSlice,
+    Node,
+    ServiceCidr,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 4] = [
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::Node,
+        Kind::ServiceCidr,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
+        }
+    }
+}
+
+/// What a source reports.
+#[derive(Debug, Clone)]
+pub enum SourceEvent {
+    /// An object was created or updated.
+    Apply(Object),
+    /// An object was deleted.
+    Delete(Kind, ObjectKey),
+    /// The complete current set of one kind (an initial list or a relist): objects of that
+    /// kind not in it are gone. The first one of each kind completes its initial list.
+    Replace(Kind, Vec<Object>),
+}
+
+fn kind_of(o: &Object) -> Kind {
+    match o {
+        Object::Service(_) => Kind::Service,
+        Object::EndpointSlice(_) => Kind::EndpointSlice,
+        Object::Node(_) => Kind::Node,
+        Object::ServiceCidr(_) => Kind::ServiceCidr,
+    }
+}
+
+fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+pub fn object_key(o: &Object) -> ObjectKey {
+    match o {
+        Object::Service(s) => key_of(&s.metadata),
+        Object::EndpointSlice(s) => key_of(&s.metadata),
+        Object::Node(n) => key_of(&n.metadata),
+        Object::ServiceCidr(c) => key_of(&c.metadata),
+    }
+}
+
+/// One pending change: the state the last sync programmed and the state now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change<T> {
+    pub previous: T,
+    pub current: T,
+    /// When the first event of this change arrived.
+    pub first_event: Instant,
+    /// The newest trigger-time annotation among the slices that made this change.
+    pub trigger_time: Option<SystemTime>,
+}
+
+/// Endpoints of one service, per service port.
+pub type ServiceEndpoints = BTreeMap<ServicePortName, Vec<Endpoint>>;
+
+/// Everything that changed since the last sync.
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub services: Vec<(ObjectKey, Change<Vec<ServicePort>>)>,
+    pub endpoints: Vec<(ObjectKey, Change<ServiceEndpoints>)>,
+    /// The Node or the ServiceCIDRs changed what the node's configuration is.
+    pub node: bool,
+}
+
+/// How many changes one event recorded, for the `_changes_total` counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recorded {
+    pub service_events: usize,
+    pub endpoint_events: usize,
+}
+
+#[derive(Debug, Clone)]
+struct SliceEntry {
+    service: ObjectKey,
+    endpoints: SliceEndpoints,
+    trigger_time: Option<SystemTime>,
+}
+
+/// Converted objects, the live snapshot and the pending changes.
+pub struct Store {
+    cfg: ProxyConfig,
+    node_name: String,
+    interfaces: Box<dyn NodeAddressSource + Send>,
+    services: HashMap<ObjectKey, Vec<ServicePort>>,
+    slices: HashMap<ObjectKey, SliceEntry>,
+    slices_by_service: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    node: Option<Node>,
+    cidrs: BTreeMap<String, ServiceCIDR>,
+    /// Objects whose last version could not be used: (kind, key) -> (reason, message).
+    invalid: BTreeMap<(Kind, ObjectKey), (&'static str, String)>,
+    node_warnings: Vec<String>,
+    snapshot: Snapshot,
+    listed: BTreeSet<Kind>,
+    service_changes: HashMap<ObjectKey, Change<Vec<ServicePort>>>,
+    endpoint_changes: HashMap<ObjectKey, Change<ServiceEndpoints>>,
+    node_changed: bool,
+}
+
+impl Store {
+    pub fn new(
+        cfg: ProxyConfig,
+        node_name: String,
+        interfaces: Box<dyn NodeAddressSource + Send>,
+    ) -> Store {
+        let mut store = Store {
+            cfg,
+            node_name,
+            interfaces,
+            services: HashMap::new(),
+            slices: HashMap::new(),
+            slices_by_service: HashMap::new(),
+            node: None,
+            cidrs: BTreeMap::new(),
+            invalid: BTreeMap::new(),
+            node_warnings: Vec::new(),
+            snapshot: Snapshot::default(),
+            listed: BTreeSet::new(),
+            service_changes: HashMap::new(),
+            endpoint_changes: HashMap::new(),
+            node_changed: true,
+        };
+        store.refresh_node();
+        store
+    }
+
+    /// True once every kind has delivered its initial list.
+    pub fn initial_lists_done(&self) -> bool {
+        Kind::ALL.iter().all(|k| self.listed.contains(k))
+    }
+
+    /// The snapshot of everything current, pending changes included.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    pub fn pending_services(&self) -> usize {
+        self.service_changes.len()
+    }
+
+    pub fn pending_endpoints(&self) -> usize {
+        self.endpoint_changes.len()
+    }
+
+    pub fn has_pending(&self) -> bool {
+        self.node_changed || !self.service_changes.is_empty() || !self.endpoint_changes.is_empty()
+    }
+
+    /// When the oldest pending change's first event arrived.
+    pub fn oldest_pending(&self) -> Option<Instant> {
+        self.service_changes
+            .values()
+            .map(|c| c.first_event)
+            .chain(self.endpoint_changes.values().map(|c| c.first_event))
+            .min()
+    }
+
+    /// The Node object, if the source has one for this node.
+    pub fn node(&self) -> Option<&Node> {
+        self.node.as_ref()
+    }
+
+    /// Objects currently skipped as invalid, per metric reason.
+    pub fn invalid_by_reason(&self) -> BTreeMap<&'static str, usize> {
+        let mut out = BTreeMap::new();
+        for (reason, _) in self.invalid.values() {
+            *out.entry(*reason).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// Take every pending change; the caller is about to program the current snapshot.
+    pub fn take_changes(&mut self) -> Changes {
+        let node = std::mem::take(&mut self.node_changed);
+        Changes {
+            services: self.service_changes.drain().collect(),
+            endpoints: self.endpoint_changes.drain().collect(),
+            node,
+        }
+    }
+
+    /// Record one source event at time `now`.
+    pub fn apply(&mut self, event: SourceEvent, now: Instant) -> Recorded {
+        match event {
+            SourceEvent::Apply(obj) => self.upsert(obj, now),
+            SourceEvent::Delete(kind, key) => self.remove(kind, &key, now),
+            SourceEvent::Replace(kind, objs) => {
+                self.listed.insert(kind);
+                let keep: BTreeSet<ObjectKey> = objs.iter().map(object_key).collect();
+                let gone: Vec<ObjectKey> = self
+                    .keys(kind)
+                    .into_iter()
+                    .filter(|k| !keep.contains(k))
+                    .collect();
+                let mut rec = Recorded::default();
+                for key in gone {
+                    add(&mut rec, self.remove(kind, &key, now));
+                }
+                for obj in objs {
+                    add(&mut rec, self.upsert(obj, now));
+                }
+                rec
+            }
+        }
+    }
+
+    fn keys(&self, kind: Kind) -> Vec<ObjectKey> {
+        match kind {
+            Kind::Service => self.services.keys().cloned().collect::<Vec<_>>(),
+            Kind::EndpointSlice => self.slices.keys().cloned().collect(),
+            Kind::Node => self.node.iter().map(|n| key_of(&n.metadata)).collect(),
+            Kind::ServiceCidr => self
+                .cidrs
+                .keys()
+                .map(|n| (String::new(), n.clone()))
+                .collect(),
+        }
+        .into_iter()
+        // An object that is only known as invalid still has to be forgotten when it goes.
+        .chain(
+            self.invalid
+                .keys()
+                .filter(|(k, _)| *k == kind)
+                .map(|(_, key)| key.clone()),
+        )
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
+    }
+
+    fn upsert(&mut self, obj: Object, now: Instant) -> Recorded {
+        let kind = kind_of(&obj);
+        let key = object_key(&obj);
+        match obj {
+            Object::Service(svc) => match convert::service(&svc) {
+                Ok(ports) => {
+                    self.invalid.remove(&(kind, key.clone()));
+                    self.set_service(key, ports, now)
+                }
+                Err(skip) => self.skip(kind, key, skip, now),
+            },
+            Object::EndpointSlice(slice) => {
+                let trigger_time = slice
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ANNOTATION_TRIGGER_TIME))
+                    .and_then(|t| parse_rfc3339(t));
+                let service = slice
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(LABEL_SERVICE_NAME))
+                    .map(|s| (key.0.clone(), s.clone()));
+                match (convert::endpoint_slice(&slice), service) {
+                    (Ok(endpoints), Some(service)) => {
+                        self.invalid.remove(&(kind, key.clone()));
+                        let entry = SliceEntry {
+                            service,
+                            endpoints,
+                            trigger_time,
+                        };
+                        self.set_slice(key, Some(entry), now)
+                    }
+                    (Err(skip), _) => self.skip(kind, key, skip, now),
+                    // Without the label the slice belongs to no service.
+                    (Ok(_), None) => self.set_slice(key, None, now),
+                }
+            }
+            Object::Node(node) => {
+                if key.1 != self.node_name {
+                    return Recorded::default();
+                }
+                if self.node.as_deref_eq(&node) {
+                    return Recorded::default();
+                }
+                self.node = Some(*node);
+                self.refresh_node();
+                Recorded::default()
+            }
+            Object::ServiceCidr(cidr) => {
+                if self.cidrs.get(&key.1) == Some(&cidr) {
+                    return Recorded::default();
+                }
+                self.cidrs.insert(key.1, *cidr);
+                self.refresh_node();
+                Recorded::default()
+            }
+        }
+    }
+
+    /// An invalid version of an object: warn, count, and keep programming the last valid
+    /// version (if any), so a bad edit does not take a working service down.
+    fn skip(&mut self, kind: Kind, key: ObjectKey, skip: Skip, now: Instant) -> Recorded {
+        match skip {
+            Skip::NotProxied { .. } => {
+                tracing::debug!("{skip}");
+                self.invalid.remove(&(kind, key.clone()));
+                // Not proxied (any more): whatever it contributed goes.
+                self.remove(kind, &key, now)
+            }
+            Skip::Invalid { reason, .. } => {
+                let msg = skip.to_string();
+                let known = self.invalid.get(&(kind, key.clone())).map(|(_, m)| m);
+                if known != Some(&msg) {
+                    let kept = match kind {
+                        Kind::Service => self.services.contains_key(&key),
+                        Kind::EndpointSlice => self.slices.contains_key(&key),
+                        _ => false,
+                    };
+                    if kept {
+                        tracing::warn!("{msg}; the previous version stays programmed");
+                    } else {
+                        tracing::warn!("{msg}");
+                    }
+                }
+                self.invalid.insert((kind, key), (reason, msg));
+                Recorded::default()
+            }
+        }
+    }
+
+    fn remove(&mut self, kind: Kind, key: &ObjectKey, now: Instant) -> Recorded {
+        self.invalid.remove(&(kind, key.clone()));
+        match kind {
+            Kind::Service => self.set_service(key.clone(), Vec::new(), now),
+            Kind::EndpointSlice => self.set_slice(key.clone(), None, now),
+            Kind::Node => {
+                if self.node.as_ref().map(|n| key_of(&n.metadata)).as_ref() == Some(key) {
+                    self.node = None;
+                    self.refresh_node();
+                }
+                Recorded::default()
+            }
+            Kind::ServiceCidr => {
+                if self.cidrs.remove(&key.1).is_some() {
+                    self.refresh_node();
+                }
+                Recorded::default()
+            }
+        }
+    }
+
+    fn set_service(&mut self, key: ObjectKey, ports: Vec<ServicePort>, now: Instant) -> Recorded {
+        let old = if ports.is_empty() {
+            self.services.remove(&key).unwrap_or_default()
+        } else {
+            self.services
+                .insert(key.clone(), ports.clone())
+                .unwrap_or_default()
+        };
+        if old == ports {
+            return Recorded::default();
+        }
+        for p in &old {
+            self.snapshot.services.remove(&(p.name.clone(), p.family));
+        }
+        for p in &ports {
+            self.snapshot
+                .services
+                .insert((p.name.clone(), p.family), p.clone());
+        }
+        track(&mut self.service_changes, key, old, ports, now, None);
+        Recorded {
+            service_events: 1,
+            endpoint_events: 0,
+        }
+    }
+
+    fn set_slice(&mut self, key: ObjectKey, entry: Option<SliceEntry>, now: Instant) -> Recorded {
+        let old_service = self.slices.get(&key).map(|e| e.service.clone());
+        let new_service = entry.as_ref().map(|e| e.service.clone());
+        let trigger_time = entry.as_ref().and_then(|e| e.trigger_time);
+        let unchanged = match (self.slices.get(&key), &entry) {
+            (Some(a), Some(b)) => a.service == b.service && a.endpoints == b.endpoints,
+            (None, None) => true,
+            _ => false,
+        };
+        if unchanged {
+            if let (Some(e), Some(t)) = (self.slices.get_mut(&key), trigger_time) {
+                e.trigger_time = Some(t);
+            }
+            return Recorded::default();
+        }
+        let affected: BTreeSet<ObjectKey> = old_service
+            .iter()
+            .chain(new_service.iter())
+            .cloned()
+            .collect();
+        let before: Vec<(ObjectKey, ServiceEndpoints)> = affected
+            .iter()
+            .map(|s| (s.clone(), self.merged(s)))
+            .collect();
+        if let Some(svc) = &old_service {
+            if let Some(set) = self.slices_by_service.get_mut(svc) {
+                set.remove(&key);
+                if set.is_empty() {
+                    self.slices_by_service.remove(svc);
+                }
+            }
+        }
+        match entry {
+            Some(e) => {
+                self.slices_by_service
+                    .entry(e.service.clone())
+                    .or_default()
+                    .insert(key.clone());
+                self.slices.insert(key, e);
+            }
+            None => {
+                self.slices.remove(&key);
+            }
+        }
+        let mut rec = Recorded::default();
+        for (svc, old) in before {
+            let new = self.merged(&svc);
+            if old == new {
+                continue;
+            }
+            for name in old.keys() {
+                self.snapshot.endpoints.remove(name);
+            }
+            for (name, eps) in &new {
+                self.snapshot.endpoints.insert(name.clone(), eps.clone());
+            }
+            track(&mut self.endpoint_changes, svc, old, new, now, trigger_time);
+            rec.endpoint_events += 1;
+        }
+        rec
+    }
+
+    /// A service's endpoints merged over all its slices.
+    fn merged(&self, service: &ObjectKey) -> ServiceEndpoints {
+        let mut out = ServiceEndpoints::new();
+        for key in self.slices_by_service.get(service).into_iter().flatten() {
+            if let Some(e) = self.slices.get(key) {
+                convert::merge(&mut out, e.endpoints.clone());
+            }
+        }
+        convert::normalize(&mut out);
+        out.retain(|_, eps| !eps.is_empty());
+        out
+    }
+
+    fn refresh_node(&mut self) {
+        let mut skipped = Skipped::default();
+        let cidrs: Vec<ServiceCIDR> = self.cidrs.values().cloned().collect();
+        let node = snapshot::node_config(
+            &self.cfg,
+            self.node_name.clone(),
+            self.node.as_ref(),
+            &cidrs,
+            self.interfaces.as_ref(),
+            &mut skipped,
+        );
+        let warnings: Vec<String> = skipped
+            .warnings
+            .into_iter()
+            .chain(skipped.invalid.into_iter().map(|(_, m)| m))
+            .collect();
+        if warnings != self.node_warnings {
+            for w in &warnings {
+                tracing::warn!("{w}");
+            }
+            self.node_warnings = warnings;
+        }
+        if node != self.snapshot.node {
+            self.snapshot.node = node;
+            self.node_changed = true;
+        }
+    }
+}
+
+fn add(into: &mut Recorded, r: Recorded) {
+    into.service_events += r.service_events;
+    into.endpoint_events += r.endpoint_events;
+}
+
+/// Record a change, merging it into a pending one; a change that ends where it started is
+/// dropped, as kube-proxy's trackers do.
+fn track<T: PartialEq>(
+    pending: &mut HashMap<ObjectKey, Change<T>>,
+    key: ObjectKey,
+    previous: T,
+    current: T,
+    now: Instant,
+    trigger_time: Option<SystemTime>,
+) {
+    match pending.remove(&key) {
+        Some(mut c) => {
+            c.current = current;
+            c.trigger_time = match (c.trigger_time, trigger_time) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            if c.previous != c.current {
+                pending.insert(key, c);
+            }
+        }
+        None => {
+            pending.insert(
+                key,
+                Change {
+                    previous,
+                    current,
+                    first_event: now,
+                    trigger_time,
+                },
+            );
+        }
+    }
+}
+
+trait OptionNodeEq {
+    fn as_deref_eq(&self, other: &Node) -> bool;
+}
+
+impl OptionNodeEq for Option<Node> {
+    /// Equal in what the snapshot reads from a Node; status heartbeats are not changes.
+    fn as_deref_eq(&self, other: &Node) -> bool {
+        self.as_ref().is_some_and(|n| {
+            n.metadata.labels == other.metadata.labels
+                && n.metadata.deletion_timestamp == other.metadata.deletion_timestamp
+                && n.spec == other.spec
+                && n.status.as_ref().and_then(|s| s.addresses.as_ref())
+                    == other.status.as_ref().and_then(|s| s.addresses.as_ref())
+        })
+    }
+}
+
+/// Parse an RFC 3339 timestamp (`2026-12-02T19:24:18Z`, fractional seconds and offsets
+/// allowed) into a SystemTime.
+pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
+    let t: k8s_openapi::jiff::Timestamp = s.parse().ok()?;
+    Some(SystemTime::from(t))
+}
+
+#[cfg(test)]
+mod tests;

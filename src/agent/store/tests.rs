@@ -1,0 +1,210 @@
+use super::*;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::net::IpAddr;
+use std::time::Duration;
+
+struct NoInterfaces;
+impl NodeAddressSource for NoInterfaces {
+    fn addresses(&self) -> Vec<IpAddr> {
+        vec!["10.0.0.1".parse().unwrap()]
+    }
+}
+
+fn store() -> Store {
+    Store::new(
+        ProxyConfig::default(),
+        "node-a".into(),
+        Box::new(NoInterfaces),
+    )
+}
+
+fn svc(name: &str, ip: &str, rv: &str) -> SourceEvent {
+    let s: Service = serde_yaml::from_str(&format!(
+        "metadata: {{name: {name}, namespace: ns, resourceVersion: '{rv}'}}\n\
+         spec: {{clusterIP: {ip}, ports: [{{port: 80, protocol: TCP}}]}}"
+    ))
+    .unwrap();
+    SourceEvent::Apply(Object::Service(Box::new(s)))
+}
+
+fn slice(name: &str, service: &str, ips: &[&str], trigger: Option<&str>) -> SourceEvent {
+    let eps: Vec<String> = ips
+        .iter()
+        .map(|ip| format!("{{addresses: [{ip}], conditions: {{ready: true}}}}"))
+        .collect();
+    let ann = trigger
+        .map(|t| format!(", annotations: {{'{ANNOTATION_TRIGGER_TIME}': '{t}'}}"))
+        .unwrap_or_default();
+    let s: EndpointSlice = serde_yaml::from_str(&format!(
+        "metadata: {{name: {name}, namespace: ns, labels: {{'kubernetes.io/service-name': {service}}}{ann}}}\n\
+         addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\nendpoints: [{}]",
+        eps.join(", ")
+    ))
+    .unwrap();
+    SourceEvent::Apply(Object::EndpointSlice(Box::new(s)))
+}
+
+fn endpoint_ips(st: &Store) -> Vec<String> {
+    st.snapshot()
+        .endpoints
+        .values()
+        .flatten()
+        .map(|e| e.ip.to_string())
+        .collect()
+}
+
+#[test]
+fn metadata_only_updates_are_not_changes() {
+    let mut st = store();
+    let t = Instant::now();
+    assert_eq!(st.apply(svc("web", "10.96.0.10", "1"), t).service_events, 1);
+    st.take_changes();
+    let rec = st.apply(svc("web", "10.96.0.10", "2"), t);
+    assert_eq!(rec, Recorded::default());
+    assert_eq!(st.pending_services(), 0);
+    assert!(!st.has_pending());
+}
+
+#[test]
+fn a_change_undone_before_the_sync_is_merged_away() {
+    let mut st = store();
+    let t = Instant::now();
+    st.apply(svc("web", "10.96.0.10", "1"), t);
+    st.take_changes();
+    st.apply(svc("web", "10.96.0.11", "2"), t);
+    assert_eq!(st.pending_services(), 1);
+    st.apply(svc("web", "10.96.0.10", "3"), t);
+    assert_eq!(st.pending_services(), 0);
+    assert_eq!(
+        st.snapshot()
+            .services
+            .values()
+            .next()
+            .unwrap()
+            .cluster_ip
+            .to_string(),
+        "10.96.0.10"
+    );
+}
+
+#[test]
+fn slices_of_one_service_merge_and_changes_keep_first_previous() {
+    let mut st = store();
+    let t0 = Instant::now();
+    st.apply(svc("web", "10.96.0.10", "1"), t0);
+    st.apply(slice("web-a", "web", &["10.1.0.1"], None), t0);
+    st.take_changes();
+
+    let t1 = t0 + Duration::from_millis(5);
+    let rec = st.apply(slice("web-b", "web", &["10.1.0.2"], None), t1);
+    assert_eq!(rec.endpoint_events, 1);
+    st.apply(
+        slice("web-b", "web", &["10.1.0.2", "10.1.0.3"], None),
+        t1 + Duration::from_millis(5),
+    );
+    assert_eq!(endpoint_ips(&st), ["10.1.0.1", "10.1.0.2", "10.1.0.3"]);
+    assert_eq!(st.pending_endpoints(), 1);
+    let changes = st.take_changes();
+    let (key, change) = &changes.endpoints[0];
+    assert_eq!(key, &("ns".to_string(), "web".to_string()));
+    assert_eq!(change.previous.values().flatten().count(), 1);
+    assert_eq!(change.current.values().flatten().count(), 3);
+    assert_eq!(change.first_event, t1);
+}
+
+#[test]
+fn replace_removes_what_the_new_list_lacks() {
+    let mut st = store();
+    let t = Instant::now();
+    st.apply(svc("web", "10.96.0.10", "1"), t);
+    st.apply(svc("db", "10.96.0.20", "1"), t);
+    st.apply(slice("web-a", "web", &["10.1.0.1"], None), t);
+    assert!(!st.initial_lists_done());
+    let SourceEvent::Apply(db) = svc("db", "10.96.0.20", "1") else {
+        unreachable!()
+    };
+    st.apply(SourceEvent::Replace(Kind::Service, vec![db]), t);
+    st.apply(SourceEvent::Replace(Kind::EndpointSlice, vec![]), t);
+    st.apply(SourceEvent::Replace(Kind::Node, vec![]), t);
+    assert!(!st.initial_lists_done());
+    st.apply(SourceEvent::Replace(Kind::ServiceCidr, vec![]), t);
+    assert!(st.initial_lists_done());
+    let names: Vec<&str> = st
+        .snapshot()
+        .services
+        .keys()
+        .map(|(n, _)| n.name.as_str())
+        .collect();
+    assert_eq!(names, ["db"]);
+    assert!(endpoint_ips(&st).is_empty());
+}
+
+#[test]
+fn an_invalid_update_keeps_the_last_valid_version_and_is_counted() {
+    let mut st = store();
+    let t = Instant::now();
+    st.apply(svc("web", "10.96.0.10", "1"), t);
+    st.take_changes();
+    st.apply(svc("web", "not-an-ip", "2"), t);
+    assert_eq!(st.pending_services(), 0);
+    assert_eq!(st.snapshot().services.len(), 1);
+    assert_eq!(st.invalid_by_reason().get("bad_address"), Some(&1));
+    // Deleting it forgets both the programmed version and the invalid record.
+    st.apply(
+        SourceEvent::Delete(Kind::Service, ("ns".into(), "web".into())),
+        t,
+    );
+    assert!(st.snapshot().services.is_empty());
+    assert!(st.invalid_by_reason().is_empty());
+}
+
+#[test]
+fn the_newest_trigger_time_is_kept_and_endpoints_without_change_do_not_count() {
+    let mut st = store();
+    let t = Instant::now();
+    st.apply(
+        slice("web-a", "web", &["10.1.0.1"], Some("2026-12-02T10:00:00Z")),
+        t,
+    );
+    st.apply(
+        slice(
+            "web-a",
+            "web",
+            &["10.1.0.2"],
+            Some("2026-12-02T10:00:03.5Z"),
+        ),
+        t,
+    );
+    let changes = st.take_changes();
+    let want = parse_rfc3339("2026-12-02T10:00:03.5Z").unwrap();
+    assert_eq!(changes.endpoints[0].1.trigger_time, Some(want));
+    let rec = st.apply(
+        slice("web-a", "web", &["10.1.0.2"], Some("2026-12-02T10:00:09Z")),
+        t,
+    );
+    assert_eq!(rec.endpoint_events, 0);
+}
+
+#[test]
+fn only_this_nodes_node_object_counts() {
+    let mut st = store();
+    let t = Instant::now();
+    let other: Node = serde_yaml::from_str(
+        "metadata: {name: node-b}\nstatus: {addresses: [{type: InternalIP, address: 10.0.0.9}]}",
+    )
+    .unwrap();
+    st.take_changes();
+    st.apply(SourceEvent::Apply(Object::Node(Box::new(other))), t);
+    assert!(!st.has_pending());
+    let mine: Node = serde_yaml::from_str(
+        "metadata: {name: node-a}\nstatus: {addresses: [{type: InternalIP, address: 10.0.0.5}]}",
+    )
+    .unwrap();
+    st.apply(SourceEvent::Apply(Object::Node(Box::new(mine))), t);
+    assert!(st.take_changes().node);
+    assert_eq!(
+        st.snapshot().node.node_ips,
+        vec!["10.0.0.5".parse::<IpAddr>().unwrap()]
+    );
+}
