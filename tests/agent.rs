@@ -8,11 +8,15 @@
 #[path = "rig/netns.rs"]
 mod netns;
 
+mod apiserver;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
 
 const HEALTH: &str = "127.0.0.1:10256";
 const METRICS: &str = "127.0.0.1:10249";
@@ -51,6 +55,14 @@ struct Agent {
 
 impl Agent {
     fn start(tag: &str, dir: &Path) -> Option<Agent> {
+        let mut agent = Agent::namespace(tag)?;
+        let manifests = dir.join("cluster.yaml");
+        agent.spawn(dir, &["--manifests".as_ref(), manifests.as_os_str()]);
+        Some(agent)
+    }
+
+    /// A namespace for an agent not started yet; `None` (a skip) without root.
+    fn namespace(tag: &str) -> Option<Agent> {
         let ns = format!("{}agent-{tag}", netns::unique_prefix());
         if let Err(e) = netns::create_namespace(&ns) {
             assert!(
@@ -60,6 +72,15 @@ impl Agent {
             println!("SKIP {tag}: needs root and network namespaces: {e}");
             return None;
         }
+        Some(Agent {
+            ns,
+            child: None,
+            log: std::path::PathBuf::new(),
+        })
+    }
+
+    fn spawn(&mut self, dir: &Path, source: &[&std::ffi::OsStr]) {
+        let ns = self.ns.clone();
         let cfg = dir.join("kube-proxy.yaml");
         std::fs::write(
             &cfg,
@@ -79,17 +100,13 @@ impl Agent {
             ])
             .arg("--config")
             .arg(&cfg)
-            .arg("--manifests")
-            .arg(dir.join("cluster.yaml"))
+            .args(source)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("start switchyard run");
-        Some(Agent {
-            ns,
-            child: Some(child),
-            log,
-        })
+        self.child = Some(child);
+        self.log = log;
     }
 
     fn log(&self) -> String {
@@ -326,4 +343,108 @@ fn run_refuses_a_bad_bind_address_naming_the_field() {
         err.contains("metricsBindAddress") && err.contains("not-an-address"),
         "{err}"
     );
+}
+
+fn service(name: &str, ip: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "ns", "labels": labels},
+        "spec": {"clusterIP": ip, "ports": [{"name": "http", "port": 80}]}})
+}
+
+fn slice(service: &str, endpoints: &[&str]) -> Value {
+    let eps: Vec<Value> = endpoints
+        .iter()
+        .map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}}))
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{service}-1"), "namespace": "ns",
+            "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}], "endpoints": eps})
+}
+
+#[test]
+fn run_against_the_api_server_follows_watches_and_survives_outages() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut agent) = Agent::namespace("api") else {
+        return;
+    };
+    let ns = agent.ns.clone();
+    let api = apiserver::ApiServer::start(move || {
+        netns::in_netns(&ns, || std::net::TcpListener::bind("127.0.0.1:6443")).unwrap()
+    });
+    api.apply(json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-a"},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.10"}]}}));
+    api.apply(service("web", "172.30.0.1", json!({})));
+    api.apply(slice("web", &["10.1.0.1"]));
+    // Not ours: kube-proxy's label selector leaves them out on the server side.
+    api.apply(service(
+        "other",
+        "172.30.0.99",
+        json!({"service.kubernetes.io/service-proxy-name": "other"}),
+    ));
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+    agent.spawn(
+        dir.path(),
+        &["--kubeconfig".as_ref(), kubeconfig.as_os_str()],
+    );
+
+    agent.wait_ruleset("the first sync from the API server", |rs| {
+        rs.contains("10.1.0.1") && rs.contains("172.30.0.1")
+    });
+    assert!(!agent.ruleset().contains("172.30.0.99"));
+    let reqs = api.requests();
+    assert!(
+        reqs.iter().any(|r| r.starts_with("/api/v1/services?")
+            && r.contains("labelSelector=%21service.kubernetes.io%2Fservice-proxy-name")),
+        "{reqs:?}"
+    );
+    assert!(
+        reqs.iter()
+            .any(|r| r.starts_with("/api/v1/nodes?") && r.contains("metadata.name%3Dnode-a")),
+        "{reqs:?}"
+    );
+
+    // Scale up: the watch carries it.
+    api.apply(slice("web", &["10.1.0.1", "10.1.0.2"]));
+    agent.wait_ruleset("the scaled endpoints", |rs| rs.contains("10.1.0.2"));
+
+    // Dropped watch connections: the client re-watches and keeps following.
+    api.drop_connections();
+    api.apply(slice("web", &["10.1.0.3"]));
+    agent.wait_ruleset("a change after dropped watches", |rs| {
+        rs.contains("10.1.0.3") && !rs.contains("10.1.0.1")
+    });
+
+    // The API server goes away; changes made meanwhile apply when it is back, even though
+    // its history was compacted (the watch gets 410 Gone and relists).
+    api.stop();
+    api.apply(slice("web", &["10.1.0.4"]));
+    api.apply(service("db", "172.30.0.2", json!({})));
+    api.compact();
+    std::thread::sleep(Duration::from_secs(2));
+    let rs = agent.ruleset();
+    assert!(
+        rs.contains("10.1.0.3") && !rs.contains("172.30.0.2"),
+        "{rs}"
+    );
+    assert_eq!(agent.get(HEALTH, "/healthz").0, 200);
+    api.resume();
+    agent.wait_ruleset("the changes made during the outage", |rs| {
+        rs.contains("10.1.0.4") && rs.contains("172.30.0.2") && !rs.contains("10.1.0.3")
+    });
+
+    // Deleting a service removes it.
+    api.delete("Service", "ns", "db");
+    agent.wait_ruleset("the deleted service gone", |rs| !rs.contains("172.30.0.2"));
+
+    let (_, text) = agent.get(METRICS, "/metrics");
+    assert!(
+        text.contains("switchyard_watch_errors_total{kind=\""),
+        "{text}"
+    );
+    assert!(agent.metric(&text, "kubeproxy_sync_proxy_rules_service_changes_total") >= 2.0);
+    let status = agent.terminate();
+    assert!(status.success(), "{status:?}\n{}", agent.log());
 }

@@ -14,6 +14,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use std::path::PathBuf;
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// kube-proxy's selector: services another proxy handles and headless ones are not ours.
@@ -129,7 +130,9 @@ async fn run<K>(
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     K::DynamicType: Default,
 {
-    let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+    let mut stream = watcher::watcher(api, cfg)
+        .backoff(WatchBackoff::default())
+        .boxed();
     let mut buffer: Vec<Object> = Vec::new();
     let mut listed = false;
     while let Some(item) = stream.next().await {
@@ -179,6 +182,53 @@ async fn run<K>(
         if tx.send(event).await.is_err() {
             return;
         }
+    }
+}
+
+/// Retry delays for a failed watch: 200 ms doubling to 1 s, with jitter, reset on success.
+/// kube's default climbs to 30 s, which after an API server outage would leave the node
+/// up to half a minute behind; converging within a second of the server's return needs the
+/// short cap, and the jitter spreads a fleet's reconnects.
+#[derive(Debug, Clone)]
+struct WatchBackoff {
+    next: Duration,
+    seed: u64,
+}
+
+const BACKOFF_FIRST: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() as u64 ^ std::process::id() as u64)
+            .unwrap_or(1);
+        WatchBackoff {
+            next: BACKOFF_FIRST,
+            seed: seed | 1,
+        }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        // xorshift: cheap jitter in [75%, 100%] of the step.
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let step = self.next;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        let jitter = 0.75 + (self.seed % 1000) as f64 / 4000.0;
+        Some(step.mul_f64(jitter))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = BACKOFF_FIRST;
     }
 }
 
