@@ -193,3 +193,177 @@ fn established_connection_survives_resync() {
     drop(conn);
     rig.assert_flows(&[web_after(), chat]);
 }
+
+/// `switchyard run --manifests` in the node namespace; killed (SIGKILL) on drop.
+struct AgentProcess {
+    child: Option<std::process::Child>,
+    log: std::path::PathBuf,
+}
+
+impl AgentProcess {
+    fn start(rig: &Rig, dir: &std::path::Path, n: usize) -> AgentProcess {
+        let (config, manifests) = rig.write_state(dir);
+        let log = dir.join(format!("agent-{n}.log"));
+        let child = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &rig.node_ns,
+                env!("CARGO_BIN_EXE_switchyard"),
+                "run",
+            ])
+            .arg("--config")
+            .arg(&config)
+            .arg("--manifests")
+            .arg(&manifests)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("agent log"))
+            .spawn()
+            .expect("start switchyard run");
+        AgentProcess {
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().expect("SIGKILL the agent");
+            c.wait().expect("reap the agent");
+        }
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Waits (bounded) until every flow passes; panics with the reports and the agent's log.
+fn wait_flows(rig: &Rig, flows: &[Flow], agent: &AgentProcess, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let reports = rig.check_flows(flows);
+        if reports.iter().all(|r| r.status == rig::Status::Pass) {
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            let lines: Vec<String> = reports
+                .iter()
+                .map(|r| format!("{} {:?}: {} / {}", r.name, r.status, r.expected, r.observed))
+                .collect();
+            panic!(
+                "timed out waiting for {what}\n{}\n--- agent log ---\n{}\n--- ruleset ---\n{}",
+                lines.join("\n"),
+                agent.log(),
+                rig.ruleset()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn agent_follows_changes_and_restarts_without_failing_a_connection() {
+    let s = scenario();
+    let Some(mut rig) = Rig::build(
+        "agent_follows_changes_and_restarts_without_failing_a_connection",
+        &s,
+        options(ResponderMode::OneShot),
+    ) else {
+        return;
+    };
+    let dir = rig.workdir().join("agent");
+    let mut agent = AgentProcess::start(&rig, &dir, 0);
+    wait_flows(&rig, &s.flows, &agent, "the first sync");
+
+    // Scale: A goes, C comes; the agent sees the edited file and traffic follows.
+    rig.set_state(s.services.clone(), changed_slices(&s));
+    rig.write_state(&dir);
+    wait_flows(
+        &rig,
+        &[web_after(), s.flows[1].clone()],
+        &agent,
+        "the edited endpoints",
+    );
+
+    // kill -9 and start again while a client opens new connections: none may fail, because
+    // the rules stay in the kernel and the new agent replaces them in one transaction.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let failures = std::thread::scope(|scope| {
+        let prober = scope.spawn(|| {
+            let mut bad = Vec::new();
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                n += 1;
+                match rig.probe_once(&s.flows[1]) {
+                    Outcome::Reply { .. } => {}
+                    other => bad.push(format!("connection {n}: {other}")),
+                }
+            }
+            (n, bad)
+        });
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        agent.kill9();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let restarted = AgentProcess::start(&rig, &dir, 1);
+        // Until the new agent has synced (its first sync is full and replaces every chain).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        while !restarted.log().contains("full sync") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "restarted agent never synced\n{}",
+                restarted.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (n, bad) = prober.join().expect("prober thread");
+        agent = restarted;
+        (n, bad)
+    });
+    let (n, bad) = failures;
+    assert!(n > 5, "only {n} connections were tried");
+    assert!(
+        bad.is_empty(),
+        "{} of {n} connections failed: {bad:?}",
+        bad.len()
+    );
+    wait_flows(
+        &rig,
+        &[web_after(), s.flows[1].clone()],
+        &agent,
+        "after the restart",
+    );
+
+    // Delete the web service (and its slice): its address is now an unallocated ClusterIP
+    // inside the service CIDR, which kube-proxy's nftables mode drops (conformance case
+    // "packet to unallocated cluster IP inside service CIDR"), so connections time out.
+    let services: Vec<_> = s
+        .services
+        .iter()
+        .filter(|x| x.name != "web")
+        .cloned()
+        .collect();
+    let slices: Vec<_> = changed_slices(&s)
+        .into_iter()
+        .filter(|x| x.service != "web")
+        .collect();
+    rig.set_state(services, slices);
+    rig.write_state(&dir);
+    let mut deleted = web_after();
+    deleted.name = "pod to web (deleted)".into();
+    deleted.expect = Expect::verdict(rig::cases::Verdict::Drop);
+    wait_flows(
+        &rig,
+        &[deleted, s.flows[1].clone()],
+        &agent,
+        "the deleted service",
+    );
+}

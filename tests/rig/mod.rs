@@ -613,23 +613,7 @@ impl Rig {
     pub fn program(&mut self) -> CmdOutput {
         let n = self.syncs.len();
         let dir: PathBuf = self.workdir.path().join(format!("sync-{n}"));
-        let manifests = dir.join("manifests");
-        std::fs::create_dir_all(&manifests).expect("creating the manifests dir");
-        let config = dir.join("config.yaml");
-        std::fs::write(
-            &config,
-            manifests::kube_proxy_config(&self.scenario.node, self.opts.mode),
-        )
-        .expect("writing config.yaml");
-        std::fs::write(
-            manifests.join("objects.yaml"),
-            manifests::manifests_yaml(
-                &self.scenario.node,
-                &self.scenario.services,
-                &self.scenario.endpoint_slices,
-            ),
-        )
-        .expect("writing objects.yaml");
+        let (config, manifests) = self.write_state(&dir);
         let bin = env!("CARGO_BIN_EXE_switchyard");
         let config_s = config.to_string_lossy().to_string();
         let manifests_s = manifests.to_string_lossy().to_string();
@@ -671,9 +655,39 @@ impl Rig {
         out
     }
 
-    /// Replaces the programmed Services and EndpointSlices and syncs again.
+    /// Writes `dir/config.yaml` and `dir/manifests/objects.yaml` for the current state
+    /// (the manifest replaced in one rename, so a watching agent never reads half of it).
+    pub fn write_state(&self, dir: &std::path::Path) -> (PathBuf, PathBuf) {
+        let manifests = dir.join("manifests");
+        std::fs::create_dir_all(&manifests).expect("creating the manifests dir");
+        let config = dir.join("config.yaml");
+        std::fs::write(
+            &config,
+            manifests::kube_proxy_config(&self.scenario.node, self.opts.mode),
+        )
+        .expect("writing config.yaml");
+        let tmp = dir.join("objects.yaml.tmp");
+        std::fs::write(
+            &tmp,
+            manifests::manifests_yaml(
+                &self.scenario.node,
+                &self.scenario.services,
+                &self.scenario.endpoint_slices,
+            ),
+        )
+        .expect("writing objects.yaml");
+        std::fs::rename(&tmp, manifests.join("objects.yaml")).expect("renaming objects.yaml");
+        (config, manifests)
+    }
+
+    /// A directory of the rig's own, removed with it.
+    pub fn workdir(&self) -> &std::path::Path {
+        self.workdir.path()
+    }
+
+    /// Replaces the Services and EndpointSlices without syncing (for a watching agent).
     /// Every endpoint must already be in the topology (see [`RigOptions::extra_slices`]).
-    pub fn reprogram(&mut self, services: Vec<Service>, slices: Vec<EndpointSlice>) -> CmdOutput {
+    pub fn set_state(&mut self, services: Vec<Service>, slices: Vec<EndpointSlice>) {
         for slice in &slices {
             for ep in &slice.endpoints {
                 for addr in &ep.addresses {
@@ -686,6 +700,12 @@ impl Rig {
         }
         self.scenario.services = services;
         self.scenario.endpoint_slices = slices;
+    }
+
+    /// Replaces the programmed Services and EndpointSlices and syncs again.
+    /// Every endpoint must already be in the topology (see [`RigOptions::extra_slices`]).
+    pub fn reprogram(&mut self, services: Vec<Service>, slices: Vec<EndpointSlice>) -> CmdOutput {
+        self.set_state(services, slices);
         self.program()
     }
 
