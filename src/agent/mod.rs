@@ -124,7 +124,6 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
         metrics,
         health,
         unsynced: Changes::default(),
-        first_queued: None,
     };
     tracing::info!(
         "switchyard agent started: minSyncPeriod {:?}, syncPeriod {:?}; waiting for the initial lists",
@@ -201,8 +200,6 @@ struct Agent {
     health: Arc<Mutex<Health>>,
     /// Changes taken by syncs that failed; their latencies count when a sync succeeds.
     unsynced: Changes,
-    /// Wall-clock arrival of the oldest change not yet programmed.
-    first_queued: Option<SystemTime>,
 }
 
 impl Agent {
@@ -223,7 +220,6 @@ impl Agent {
         if self.store.has_pending() {
             self.schedule.request();
             let now = SystemTime::now();
-            self.first_queued.get_or_insert(now);
             self.health().queued(now);
             self.metrics.last_queued_timestamp.set(unix_seconds(now));
         }
@@ -324,7 +320,6 @@ impl Agent {
             now.checked_sub(Instant::now().duration_since(i))
                 .unwrap_or(now)
         });
-        self.first_queued = still;
         self.health().updated(now, still);
         if report.stats.operations() > 0 || report.full {
             tracing::info!("{}", report.summary());
@@ -345,11 +340,8 @@ impl Agent {
             self.schedule.failures(),
             backoff
         );
-        if self.first_queued.is_none() {
-            let now = SystemTime::now();
-            self.first_queued = Some(now);
-            self.health().queued(now);
-        }
+        // The failed sync's changes are still waiting.
+        self.health().queued(SystemTime::now());
     }
 }
 

@@ -1,0 +1,241 @@
+//! The agent end to end: the fixture API server holds 10k services x 10 endpoints, a
+//! `switchyard run` in a network namespace of its own watches it, and endpoint changes
+//! arrive at a steady rate. Reports the agent's event-to-kernel latency (p50, p99, from its
+//! `switchyard_event_to_kernel_seconds` histogram), its syncs and its CPU share.
+//!
+//! Run: `cargo bench --bench agent_e2e` as root. Knobs: SY_BENCH_SERVICES (10000),
+//! SY_BENCH_RATE changes per second (100), SY_BENCH_SECONDS (60), SY_BENCH_MIN_SYNC (0s).
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+#![allow(dead_code)]
+
+#[path = "../tests/rig/netns.rs"]
+mod netns;
+
+#[path = "../tests/apiserver/mod.rs"]
+mod apiserver;
+
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn service(i: usize) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": format!("svc-{i}"), "namespace": "bench"},
+        "spec": {"clusterIP": format!("172.{}.{}.{}", 16 + i / 65536, (i / 256) % 256, i % 256),
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}})
+}
+
+fn slice(i: usize, generation: usize) -> Value {
+    let eps: Vec<Value> = (0..10)
+        .map(|j| {
+            let g = if j == generation % 10 { generation } else { 0 };
+            json!({"addresses": [format!("10.{}.{}.{}", (i / 256) % 256, i % 256, (j + 10 * g) % 250 + 1)],
+                   "conditions": {"ready": true}})
+        })
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("svc-{i}-1"), "namespace": "bench",
+            "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+        "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}], "endpoints": eps})
+}
+
+fn scrape(ns: &str) -> String {
+    netns::in_netns(ns, || {
+        let mut s = TcpStream::connect("127.0.0.1:10249")?;
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    })
+    .unwrap_or_default()
+}
+
+fn value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+/// (upper bound, cumulative count) of a histogram.
+fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
+    let prefix = format!("{name}_bucket{{le=\"");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Quantile by linear interpolation inside the bucket, as Prometheus does.
+fn quantile(b: &[(f64, f64)], q: f64) -> f64 {
+    let total = b.last().map(|x| x.1).unwrap_or(0.0);
+    let rank = q * total;
+    let mut prev = (0.0, 0.0);
+    for &(le, c) in b {
+        if c >= rank {
+            if le.is_infinite() {
+                return prev.0;
+            }
+            let frac = if c > prev.1 {
+                (rank - prev.1) / (c - prev.1)
+            } else {
+                0.0
+            };
+            return prev.0 + (le - prev.0) * frac;
+        }
+        prev = (le, c);
+    }
+    prev.0
+}
+
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime are fields 14 and 15; after the ")" they are at 11 and 12.
+    let ticks: f64 = fields
+        .get(11..13)
+        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
+        .unwrap_or(0.0);
+    ticks / 100.0
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("agent_e2e: run with `cargo bench --bench agent_e2e`");
+        return;
+    }
+    let services: usize = env_or("SY_BENCH_SERVICES", 10_000);
+    let rate: usize = env_or("SY_BENCH_RATE", 100);
+    let seconds: u64 = env_or("SY_BENCH_SECONDS", 60);
+    let min_sync: String = env_or("SY_BENCH_MIN_SYNC", "0s".to_string());
+    let ns = format!("sy-bench-agent-{}", std::process::id());
+    if let Err(e) = netns::create_namespace(&ns) {
+        println!("SKIP agent_e2e: {e}");
+        return;
+    }
+    let ns2 = ns.clone();
+    let api = apiserver::ApiServer::start(move || {
+        netns::in_netns(&ns2, || std::net::TcpListener::bind("127.0.0.1:6443")).unwrap()
+    });
+    for i in 0..services {
+        api.apply(service(i));
+        api.apply(slice(i, 0));
+    }
+    api.compact();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(
+        &cfg,
+        format!("kind: KubeProxyConfiguration\nhostnameOverride: bench\nminSyncPeriod: {min_sync}\nsyncPeriod: 30s\nhealthzBindAddress: 127.0.0.1:10256\n"),
+    )
+    .unwrap();
+    let mut agent = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns,
+            env!("CARGO_BIN_EXE_switchyard"),
+            "run",
+        ])
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--log-level")
+        .arg("warn")
+        .spawn()
+        .expect("start the agent");
+    let started = Instant::now();
+    loop {
+        let m = scrape(&ns);
+        if value(&m, "kubeproxy_sync_proxy_rules_duration_seconds_count").unwrap_or(0.0) >= 1.0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "no first sync"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let cold = started.elapsed();
+    let before = scrape(&ns);
+    let cpu0 = cpu_seconds(agent.id());
+    let t0 = Instant::now();
+    let interval = Duration::from_secs_f64(1.0 / rate as f64);
+    let total = rate * seconds as usize;
+    for k in 0..total {
+        let due = t0 + interval * k as u32;
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        api.apply(slice((k * 7919) % services, k + 1));
+    }
+    let elapsed = t0.elapsed();
+    std::thread::sleep(Duration::from_secs(2));
+    let cpu = cpu_seconds(agent.id()) - cpu0;
+    let after = scrape(&ns);
+    let _ = agent.kill();
+    let _ = agent.wait();
+    drop(api);
+    netns::delete_namespace(&ns);
+
+    let name = "switchyard_event_to_kernel_seconds";
+    let b0 = buckets(&before, name);
+    let b1: Vec<(f64, f64)> = buckets(&after, name)
+        .into_iter()
+        .zip(b0.iter().map(|x| x.1).chain(std::iter::repeat(0.0)))
+        .map(|((le, c), c0)| (le, c - c0))
+        .collect();
+    let syncs = value(&after, "kubeproxy_sync_proxy_rules_duration_seconds_count").unwrap_or(0.0)
+        - value(&before, "kubeproxy_sync_proxy_rules_duration_seconds_count").unwrap_or(0.0);
+    let sync_sum = value(&after, "kubeproxy_sync_proxy_rules_duration_seconds_sum").unwrap_or(0.0)
+        - value(&before, "kubeproxy_sync_proxy_rules_duration_seconds_sum").unwrap_or(0.0);
+    println!(
+        "agent_e2e: {services} services x 10 endpoints, {rate} endpoint changes/s for {:.1} s, minSyncPeriod {min_sync}",
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "  first sync after start (initial lists + full sync): {:.2} s",
+        cold.as_secs_f64()
+    );
+    println!(
+        "  event to kernel: p50 {:.1} ms, p99 {:.1} ms over {} changes",
+        quantile(&b1, 0.50) * 1000.0,
+        quantile(&b1, 0.99) * 1000.0,
+        b1.last().map(|x| x.1).unwrap_or(0.0)
+    );
+    println!(
+        "  syncs: {syncs}, mean {:.1} ms; agent CPU {:.1}% of one core",
+        if syncs > 0.0 {
+            sync_sum / syncs * 1000.0
+        } else {
+            0.0
+        },
+        cpu / elapsed.as_secs_f64() * 100.0
+    );
+}
