@@ -439,11 +439,31 @@ fn run_against_the_api_server_follows_watches_and_survives_outages() {
     api.delete("Service", "ns", "db");
     agent.wait_ruleset("the deleted service gone", |rs| !rs.contains("172.30.0.2"));
 
+    // The autoscaler marks the node for deletion: /healthz fails (load balancers drain the
+    // node), /livez does not (the agent must not be restarted for it).
+    api.apply(json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-a"},
+        "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.10"}]}}));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (code, body) = agent.get(HEALTH, "/healthz");
+        if code == 503 {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(v["nodeEligible"], false, "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "healthz stayed {code}: {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(agent.get(HEALTH, "/livez").0, 200);
+
     let (_, text) = agent.get(METRICS, "/metrics");
     assert!(
         text.contains("switchyard_watch_errors_total{kind=\""),
         "{text}"
     );
+    assert!(agent.metric(&text, "kubeproxy_proxy_healthz_total{code=\"503\"}") >= 1.0);
     assert!(agent.metric(&text, "kubeproxy_sync_proxy_rules_service_changes_total") >= 2.0);
     let status = agent.terminate();
     assert!(status.success(), "{status:?}\n{}", agent.log());
