@@ -314,7 +314,11 @@ impl Store {
                 if key.1 != self.node_name {
                     return Recorded::default();
                 }
-                if self.node.as_deref_eq(&node) {
+                if self
+                    .node
+                    .as_ref()
+                    .is_some_and(|n| same_node_facts(n, &node))
+                {
                     return Recorded::default();
                 }
                 self.node = Some(*node);
@@ -554,21 +558,14 @@ fn track<T: PartialEq>(
     }
 }
 
-trait OptionNodeEq {
-    fn as_deref_eq(&self, other: &Node) -> bool;
-}
-
-impl OptionNodeEq for Option<Node> {
-    /// Equal in what the snapshot reads from a Node; status heartbeats are not changes.
-    fn as_deref_eq(&self, other: &Node) -> bool {
-        self.as_ref().is_some_and(|n| {
-            n.metadata.labels == other.metadata.labels
-                && n.metadata.deletion_timestamp == other.metadata.deletion_timestamp
-                && n.spec == other.spec
-                && n.status.as_ref().and_then(|s| s.addresses.as_ref())
-                    == other.status.as_ref().and_then(|s| s.addresses.as_ref())
-        })
-    }
+/// Equal in what the agent reads from a Node (snapshot and health); status heartbeats are
+/// not changes.
+fn same_node_facts(a: &Node, b: &Node) -> bool {
+    a.metadata.labels == b.metadata.labels
+        && a.metadata.deletion_timestamp == b.metadata.deletion_timestamp
+        && a.spec == b.spec
+        && a.status.as_ref().and_then(|s| s.addresses.as_ref())
+            == b.status.as_ref().and_then(|s| s.addresses.as_ref())
 }
 
 /// Parse an RFC 3339 timestamp (`2026-12-02T19:24:18Z`, fractional seconds and offsets
