@@ -8,13 +8,14 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use dataplane::backend::Backend;
+use dataplane::backend::{Backend, Scope};
 use dataplane::nft::exec::{NftCommand, NftError, NftExecutor};
 use dataplane::nft::state::Ruleset;
 use dataplane::nft::transaction::Transaction;
 use dataplane::nft::NftBackend;
 use dataplane::synth;
 use nix::sched::{setns, CloneFlags};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -124,7 +125,7 @@ fn one_change(services: usize, changes: usize, out: &mut String) {
         applies: Vec::new(),
     });
     let t = Instant::now();
-    be.sync(&snap, false).expect("cold sync");
+    be.sync(&snap, Scope::All).expect("cold sync");
     let cold = t.elapsed();
     let mut totals = Vec::new();
     let mut seed: u64 = 0x5eed;
@@ -135,8 +136,11 @@ fn one_change(services: usize, changes: usize, out: &mut String) {
         let i = (seed >> 33) as usize % services;
         let j = (seed >> 20) as usize % 10;
         synth::replace_endpoint(&mut snap, i, j, k as u32 + 1);
+        let changed = BTreeSet::from([("bench".to_string(), format!("svc-{i}"))]);
         let t = Instant::now();
-        let r = be.sync(&snap, false).expect("incremental sync");
+        let r = be
+            .sync(&snap, Scope::Services(&changed))
+            .expect("incremental sync");
         totals.push(t.elapsed());
         assert!(r.stats.elements_added >= 1, "{}", r.summary());
     }

@@ -6,7 +6,7 @@ use crate::config::{self, ConfigError, ProxyConfig, ProxyMode};
 use crate::manifests::{self, ManifestError};
 use crate::nodeaddr::Interfaces;
 use crate::snapshot::{self, Skipped};
-use dataplane::backend::{Backend, BackendError};
+use dataplane::backend::{Backend, BackendError, Scope};
 use dataplane::model::Snapshot;
 use dataplane::nft::exec::NftCommand;
 use dataplane::nft::NftBackend;
@@ -110,7 +110,8 @@ fn sync(args: &SyncArgs) -> Result<(), CommandError> {
     }
     let (_, snap) = load(&args.inputs)?;
     let mut backend = NftBackend::new(NftCommand::default());
-    let report = backend.sync(&snap, args.full)?;
+    let scope = if args.full { Scope::Full } else { Scope::All };
+    let report = backend.sync(&snap, scope)?;
     for c in &report.conflicts {
         tracing::warn!("{c}");
     }

@@ -2,6 +2,7 @@
 
 use crate::nft::exec::NftError;
 use crate::nft::transaction::TxStats;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// Errors of a backend sync.
@@ -74,13 +75,34 @@ impl SyncReport {
     }
 }
 
+/// (namespace, name) of a Service.
+pub type ServiceKey = (String, String);
+
+/// How much of the kernel state a sync brings up to date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope<'a> {
+    /// Re-read the kernel, repair what someone changed, rewrite every chain.
+    Full,
+    /// Lay out every service again, against what the last sync committed.
+    All,
+    /// Only these services changed since the last sync (their ports, their endpoints or
+    /// both); everything else stays as the last sync left it. A backend may widen this.
+    Services(&'a BTreeSet<ServiceKey>),
+}
+
+impl Scope<'_> {
+    pub fn is_full(&self) -> bool {
+        matches!(self, Scope::Full)
+    }
+}
+
 /// A dataplane mode.
 pub trait Backend {
-    /// Bring the kernel to `snapshot`. `full` re-reads the kernel and rewrites every chain.
+    /// Bring the kernel to `snapshot`, within `scope`.
     fn sync(
         &mut self,
         snapshot: &crate::model::Snapshot,
-        full: bool,
+        scope: Scope<'_>,
     ) -> Result<SyncReport, BackendError>;
     /// Remove everything this backend installed; returns how many tables went away.
     fn cleanup(&mut self) -> Result<usize, BackendError>;

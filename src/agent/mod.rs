@@ -13,7 +13,7 @@ pub mod store;
 use crate::config::ProxyConfig;
 use crate::manifests::ManifestError;
 use crate::nodeaddr::Interfaces;
-use dataplane::backend::{Backend, BackendError, SyncReport};
+use dataplane::backend::{Backend, BackendError, Scope, SyncReport};
 use dataplane::nft::exec::NftCommand;
 use dataplane::nft::NftBackend;
 use health::Health;
@@ -246,9 +246,17 @@ impl Agent {
         let full = self.schedule.start(started);
         let changes = self.store.take_changes();
         merge_changes(&mut self.unsynced, changes);
+        let changed = self.unsynced.services_touched();
+        let scope = if full {
+            Scope::Full
+        } else if self.unsynced.node {
+            Scope::All
+        } else {
+            Scope::Services(&changed)
+        };
         let snapshot = self.store.snapshot();
         // nft runs as a child process; keep the runtime's other tasks (HTTP, watches) going.
-        let result = tokio::task::block_in_place(|| self.backend.sync(snapshot, full));
+        let result = tokio::task::block_in_place(|| self.backend.sync(snapshot, scope));
         let done = Instant::now();
         self.update_pending_gauges();
         match result {

@@ -106,6 +106,17 @@ pub struct Changes {
     pub node: bool,
 }
 
+impl Changes {
+    /// The services whose ports or endpoints changed.
+    pub fn services_touched(&self) -> BTreeSet<ObjectKey> {
+        self.services
+            .iter()
+            .map(|(k, _)| k.clone())
+            .chain(self.endpoints.iter().map(|(k, _)| k.clone()))
+            .collect()
+    }
+}
+
 /// How many changes one event recorded, for the `_changes_total` counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Recorded {

@@ -14,26 +14,21 @@
 //! Slots are assigned stably against the previous state: an endpoint keeps its slot while it
 //! stays, and a removed one's slot is refilled by the last, so a change costs O(changed).
 
-use super::state::{Chain, Ruleset, Set, Table};
+use super::ownership::{self, FamilyIndex, Index, Record, Touched};
+pub use super::skeleton::{
+    cidr_text, disjoint_cidrs, MAP_BACKENDS, MAP_NODEPORT_BACKENDS, MAP_NO_ENDPOINT_NODEPORTS,
+    MAP_NO_ENDPOINT_SERVICES, MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS, SET_CLUSTER_IPS, SET_HAIRPIN,
+    SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS,
+};
+use super::skeleton::{lb_chain, skeleton, LbKind};
+use super::state::{Ruleset, Set, Table};
 use crate::model::{
-    Endpoint, IpFamily, LocalDetector, NodeConfig, NodePortAddresses, ServicePort, Snapshot,
+    Endpoint, IpFamily, NodeConfig, NodePortAddresses, ServicePort, ServicePortName, Snapshot,
     TrafficPolicy,
 };
 use crate::selection;
-use ipnetwork::IpNetwork;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashSet};
 use std::net::IpAddr;
-
-pub const SET_CLUSTER_IPS: &str = "cluster-ips";
-pub const SET_SERVICE_CIDRS: &str = "service-cidrs";
-pub const SET_NODEPORT_ADDRS: &str = "nodeport-addrs";
-pub const SET_HAIRPIN: &str = "hairpin";
-pub const MAP_SERVICE_IPS: &str = "service-ips";
-pub const MAP_SERVICE_NODEPORTS: &str = "service-nodeports";
-pub const MAP_NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
-pub const MAP_NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
-pub const MAP_BACKENDS: &str = "backends";
-pub const MAP_NODEPORT_BACKENDS: &str = "nodeport-backends";
 
 /// Verdict for a front end whose service has no endpoints at all.
 const REJECT: &str = "goto reject-chain";
@@ -55,322 +50,6 @@ pub struct LayoutReport {
     pub conflicts: Vec<String>,
     /// Service ports with endpoints but none usable under their Local policy.
     pub no_local_endpoints: NoLocalEndpoints,
-}
-
-/// Family-specific words.
-struct Words {
-    fam: &'static str,
-    addr_type: &'static str,
-    loopback: &'static str,
-}
-
-fn words(family: IpFamily) -> Words {
-    match family {
-        IpFamily::V4 => Words {
-            fam: "ip",
-            addr_type: "ipv4_addr",
-            loopback: "127.0.0.0/8",
-        },
-        IpFamily::V6 => Words {
-            fam: "ip6",
-            addr_type: "ipv6_addr",
-            loopback: "::1",
-        },
-    }
-}
-
-/// Canonical element text of a CIDR: a host prefix prints as the bare address, as nft lists it.
-pub fn cidr_text(net: &IpNetwork) -> String {
-    let full = match net {
-        IpNetwork::V4(_) => 32,
-        IpNetwork::V6(_) => 128,
-    };
-    if net.prefix() == full {
-        net.ip().to_string()
-    } else {
-        format!("{}/{}", net.network(), net.prefix())
-    }
-}
-
-/// CIDRs of one family with duplicates and nested ranges removed (nft rejects overlaps).
-pub fn disjoint_cidrs(nets: &[IpNetwork], family: IpFamily) -> Vec<IpNetwork> {
-    let mut of_family: Vec<IpNetwork> = nets
-        .iter()
-        .filter(|n| IpFamily::of_net(n) == family)
-        .map(|n| match IpNetwork::new(n.network(), n.prefix()) {
-            Ok(canon) => canon,
-            Err(_) => *n,
-        })
-        .collect();
-    of_family.sort_by_key(|n| n.prefix());
-    let mut kept: Vec<IpNetwork> = Vec::new();
-    for n in of_family {
-        if !kept.iter().any(|k| k.contains(n.network())) {
-            kept.push(n);
-        }
-    }
-    kept.sort_by(|a, b| {
-        a.network()
-            .cmp(&b.network())
-            .then(a.prefix().cmp(&b.prefix()))
-    });
-    kept
-}
-
-fn set(map: bool, decl: String) -> Set {
-    let fingerprint = super::state::fingerprint(&decl);
-    Set {
-        map,
-        decl,
-        fingerprint,
-        elements: BTreeMap::new(),
-    }
-}
-
-/// Rule that sends non-local traffic to mark-for-masquerade in a cluster-N chain, if any.
-fn masquerade_rule(node: &NodeConfig, family: IpFamily) -> Option<String> {
-    let w = words(family);
-    if node.masquerade_all {
-        return Some("jump mark-for-masquerade".to_string());
-    }
-    match &node.local_detector {
-        LocalDetector::None => None,
-        LocalDetector::Cidrs(cidrs) => {
-            let cidrs = disjoint_cidrs(cidrs, family);
-            match cidrs.as_slice() {
-                [] => None,
-                [one] => Some(format!(
-                    "{} saddr != {} jump mark-for-masquerade",
-                    w.fam,
-                    cidr_text(one)
-                )),
-                many => Some(format!(
-                    "{} saddr != {{ {} }} jump mark-for-masquerade",
-                    w.fam,
-                    many.iter().map(cidr_text).collect::<Vec<_>>().join(", ")
-                )),
-            }
-        }
-        LocalDetector::Bridge(name) => Some(format!(
-            "iifname != \"{}\" jump mark-for-masquerade",
-            name.replace('"', "")
-        )),
-        LocalDetector::InterfacePrefix(prefix) => Some(format!(
-            "iifname != \"{}*\" jump mark-for-masquerade",
-            prefix.replace('"', "")
-        )),
-    }
-}
-
-/// The match that selects packets to a node-port address.
-fn nodeport_match(node: &NodeConfig, family: IpFamily) -> String {
-    let w = words(family);
-    match node.node_port_addresses {
-        NodePortAddresses::All => {
-            format!("fib daddr type local {} daddr != {}", w.fam, w.loopback)
-        }
-        NodePortAddresses::Cidrs(_) => format!(
-            "fib daddr type local {} daddr != {} {} daddr @{SET_NODEPORT_ADDRS}",
-            w.fam, w.loopback, w.fam
-        ),
-    }
-}
-
-/// The table skeleton: sets, maps and the chains that do not depend on services.
-fn skeleton(node: &NodeConfig, family: IpFamily) -> Table {
-    let w = words(family);
-    let at = w.addr_type;
-    let mark = node.masquerade_mark();
-    let mut t = Table::default();
-    let fe_key = format!("{at} . inet_proto . inet_service");
-    let np_key = "inet_proto . inet_service".to_string();
-    let sets = [
-        (SET_CLUSTER_IPS, false, format!("type {at};")),
-        (SET_SERVICE_CIDRS, false, format!("type {at}; flags interval;")),
-        (SET_NODEPORT_ADDRS, false, format!("type {at}; flags interval;")),
-        (SET_HAIRPIN, false, format!("type {at} . {at};")),
-        (MAP_SERVICE_IPS, true, format!("type {fe_key} : verdict;")),
-        (MAP_SERVICE_NODEPORTS, true, format!("type {np_key} : verdict;")),
-        (MAP_NO_ENDPOINT_SERVICES, true, format!("type {fe_key} : verdict;")),
-        (MAP_NO_ENDPOINT_NODEPORTS, true, format!("type {np_key} : verdict;")),
-        // typeof, not type: numgen yields a plain integer, which no named type matches. The
-        // value says `tcp dport`, not `th dport`: nft 1.0.6 cannot re-evaluate a `th` value
-        // type loaded from the kernel ("conflicting protocols specified: ip vs. th"), which
-        // breaks every later rule that uses the map. Both are inet_service.
-        (
-            MAP_BACKENDS,
-            true,
-            format!(
-                "typeof {f} daddr . meta l4proto . th dport . numgen random mod 1 : {f} daddr . tcp dport;",
-                f = w.fam
-            ),
-        ),
-        (
-            MAP_NODEPORT_BACKENDS,
-            true,
-            format!(
-                "typeof meta l4proto . th dport . numgen random mod 1 : {f} daddr . tcp dport;",
-                f = w.fam
-            ),
-        ),
-    ];
-    for (name, map, decl) in sets {
-        t.sets.insert(name.to_string(), set(map, decl));
-    }
-
-    let base = |kind: &str, hook: &str, prio: i32| {
-        Some(format!(
-            "type {kind} hook {hook} priority {prio}; policy accept;"
-        ))
-    };
-    let mut chain = |name: &str, hook: Option<String>, rules: Vec<String>| {
-        t.chains.insert(name.to_string(), Chain::new(hook, rules));
-    };
-    let new = "ct state new";
-    chain(
-        "filter-forward",
-        base("filter", "forward", -110),
-        vec![
-            format!("{new} jump service-endpoints-check"),
-            format!("{new} jump cluster-ips-check"),
-        ],
-    );
-    chain(
-        "filter-input",
-        base("filter", "input", -110),
-        vec![
-            format!("{new} jump nodeport-endpoints-check"),
-            format!("{new} jump service-endpoints-check"),
-        ],
-    );
-    chain(
-        "filter-output",
-        base("filter", "output", -110),
-        vec![format!("{new} jump service-endpoints-check")],
-    );
-    // After nat-output's DNAT, so only packets that were not DNATed are checked.
-    chain(
-        "filter-output-post-dnat",
-        base("filter", "output", -90),
-        vec![format!("{new} jump cluster-ips-check")],
-    );
-    chain(
-        "nat-prerouting",
-        base("nat", "prerouting", -100),
-        vec!["jump services".into()],
-    );
-    chain(
-        "nat-output",
-        base("nat", "output", -100),
-        vec!["jump services".into()],
-    );
-    chain(
-        "nat-postrouting",
-        base("nat", "postrouting", 100),
-        vec!["jump masquerading".into()],
-    );
-    chain(
-        "services",
-        None,
-        vec![
-            format!(
-                "{} daddr . meta l4proto . th dport vmap @{MAP_SERVICE_IPS}",
-                w.fam
-            ),
-            format!(
-                "{} meta l4proto . th dport vmap @{MAP_SERVICE_NODEPORTS}",
-                nodeport_match(node, family)
-            ),
-        ],
-    );
-    chain(
-        "cluster-ips-check",
-        None,
-        vec![
-            format!("{} daddr @{SET_CLUSTER_IPS} reject", w.fam),
-            format!("{} daddr @{SET_SERVICE_CIDRS} drop", w.fam),
-        ],
-    );
-    chain(
-        "service-endpoints-check",
-        None,
-        vec![format!(
-            "{} daddr . meta l4proto . th dport vmap @{MAP_NO_ENDPOINT_SERVICES}",
-            w.fam
-        )],
-    );
-    chain(
-        "nodeport-endpoints-check",
-        None,
-        vec![format!(
-            "{} meta l4proto . th dport vmap @{MAP_NO_ENDPOINT_NODEPORTS}",
-            nodeport_match(node, family)
-        )],
-    );
-    chain("reject-chain", None, vec!["reject".into()]);
-    chain(
-        "mark-for-masquerade",
-        None,
-        vec![format!("meta mark set meta mark | {mark:#010x}")],
-    );
-    chain(
-        "masquerading",
-        None,
-        vec![
-            format!(
-                "ct status dnat {f} saddr . {f} daddr @{SET_HAIRPIN} meta mark set meta mark | {mark:#010x}",
-                f = w.fam
-            ),
-            format!("meta mark & {mark:#010x} == 0 return"),
-            format!("meta mark set meta mark ^ {mark:#010x}"),
-            "masquerade fully-random".into(),
-        ],
-    );
-    t
-}
-
-/// Which kind of load-balancing chain a front end jumps to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum LbKind {
-    Cluster,
-    External,
-    ExternalLocal,
-    NodePort,
-    NodePortLocal,
-}
-
-impl LbKind {
-    fn chain(self, n: usize) -> String {
-        let kind = match self {
-            LbKind::Cluster => "cluster",
-            LbKind::External => "external",
-            LbKind::ExternalLocal => "external-local",
-            LbKind::NodePort => "nodeport",
-            LbKind::NodePortLocal => "nodeport-local",
-        };
-        format!("{kind}-{n}")
-    }
-}
-
-fn lb_chain(node: &NodeConfig, family: IpFamily, kind: LbKind, n: usize) -> Chain {
-    let f = words(family).fam;
-    let mut rules = Vec::new();
-    match kind {
-        LbKind::Cluster => rules.extend(masquerade_rule(node, family)),
-        LbKind::External | LbKind::NodePort => rules.push("jump mark-for-masquerade".into()),
-        // Local policy keeps the client address: no masquerade.
-        LbKind::ExternalLocal | LbKind::NodePortLocal => {}
-    }
-    let dnat = match kind {
-        LbKind::NodePort | LbKind::NodePortLocal => format!(
-            "dnat {f} to meta l4proto . th dport . numgen random mod {n} map @{MAP_NODEPORT_BACKENDS}"
-        ),
-        _ => format!(
-            "dnat {f} to {f} daddr . meta l4proto . th dport . numgen random mod {n} map @{MAP_BACKENDS}"
-        ),
-    };
-    rules.push(dnat);
-    Chain::new(None, rules)
 }
 
 /// Slot assignment that keeps endpoints where they were.
@@ -427,21 +106,172 @@ fn backend_value(e: &Endpoint) -> String {
     format!("{} . {}", e.ip, e.port)
 }
 
-/// Mutable state while laying out one family.
+/// One front end of a service port: the key its packets match, where that key goes, and
+/// which of the port's endpoint sets serves it.
+struct Frontend {
+    key: String,
+    dispatch: &'static str,
+    none: &'static str,
+    backends: &'static str,
+    kind: LbKind,
+    external: bool,
+}
+
+/// The front ends of a service port in `family`: its cluster IP, its external and
+/// load-balancer IPs, its node port.
+fn frontends(svc: &ServicePort, family: IpFamily) -> Vec<Frontend> {
+    let proto = svc.name.protocol;
+    let local_policy = svc.external_traffic_policy == TrafficPolicy::Local;
+    let mut out = vec![Frontend {
+        key: format!("{} . {proto} . {}", svc.cluster_ip, svc.port),
+        dispatch: MAP_SERVICE_IPS,
+        none: MAP_NO_ENDPOINT_SERVICES,
+        backends: MAP_BACKENDS,
+        kind: LbKind::Cluster,
+        external: false,
+    }];
+    let mut ext_ips: Vec<IpAddr> = svc
+        .external_ips
+        .iter()
+        .chain(svc.load_balancer_ips.iter())
+        .copied()
+        .filter(|ip| IpFamily::of(ip) == family && *ip != svc.cluster_ip)
+        .collect();
+    ext_ips.sort();
+    ext_ips.dedup();
+    for ip in ext_ips {
+        out.push(Frontend {
+            key: format!("{ip} . {proto} . {}", svc.port),
+            dispatch: MAP_SERVICE_IPS,
+            none: MAP_NO_ENDPOINT_SERVICES,
+            backends: MAP_BACKENDS,
+            kind: if local_policy {
+                LbKind::ExternalLocal
+            } else {
+                LbKind::External
+            },
+            external: true,
+        });
+    }
+    if svc.node_port != 0 {
+        out.push(Frontend {
+            key: format!("{proto} . {}", svc.node_port),
+            dispatch: MAP_SERVICE_NODEPORTS,
+            none: MAP_NO_ENDPOINT_NODEPORTS,
+            backends: MAP_NODEPORT_BACKENDS,
+            kind: if local_policy {
+                LbKind::NodePortLocal
+            } else {
+                LbKind::NodePort
+            },
+            external: true,
+        });
+    }
+    out
+}
+
+fn is_frontend_map(set: &str) -> bool {
+    [
+        MAP_SERVICE_IPS,
+        MAP_NO_ENDPOINT_SERVICES,
+        MAP_SERVICE_NODEPORTS,
+        MAP_NO_ENDPOINT_NODEPORTS,
+    ]
+    .contains(&set)
+}
+
+/// Mutable state while laying out one family, from scratch or in place.
 struct Builder<'a> {
     node: &'a NodeConfig,
     family: IpFamily,
     table: Table,
+    index: FamilyIndex,
+    /// Where previous slots are read: the previous table for a layout from scratch; `None`
+    /// in place, where `removed` holds the slots of the service ports just taken out.
     prev: Option<&'a Table>,
-    lb: BTreeSet<(LbKind, usize)>,
-    report: LayoutReport,
+    removed: Table,
+    /// In place: the old value of everything touched, for the transaction.
+    touched: Option<Touched>,
+    conflicts: Vec<String>,
 }
 
 impl<'a> Builder<'a> {
-    fn insert(&mut self, set: &str, key: String, value: Option<String>) {
+    fn new(node: &'a NodeConfig, family: IpFamily, table: Table, index: FamilyIndex) -> Self {
+        Builder {
+            node,
+            family,
+            table,
+            index,
+            prev: None,
+            removed: Table::default(),
+            touched: None,
+            conflicts: Vec::new(),
+        }
+    }
+
+    fn touch(&mut self, set: &'static str, key: &str) {
+        let Some(t) = self.touched.as_mut() else {
+            return;
+        };
+        let table = &self.table;
+        t.elements.entry((set, key.to_string())).or_insert_with(|| {
+            table
+                .sets
+                .get(set)
+                .and_then(|s| s.elements.get(key))
+                .cloned()
+        });
+    }
+
+    fn put(&mut self, set: &'static str, key: String, value: Option<String>) {
+        self.touch(set, &key);
         if let Some(s) = self.table.sets.get_mut(set) {
             s.elements.insert(key, value);
         }
+    }
+
+    fn take(&mut self, set: &'static str, key: &str) -> Option<Option<String>> {
+        self.touch(set, key);
+        self.table.sets.get_mut(set)?.elements.remove(key)
+    }
+
+    fn touch_chain(&mut self, name: &str) {
+        if let Some(t) = self.touched.as_mut() {
+            if !t.chains.contains_key(name) {
+                t.chains
+                    .insert(name.to_string(), self.table.chains.get(name).cloned());
+            }
+        }
+    }
+
+    /// An element only this service port holds.
+    fn put_owned(
+        &mut self,
+        rec: &mut Record,
+        set: &'static str,
+        key: String,
+        value: Option<String>,
+    ) {
+        rec.elements.push((set, key.clone()));
+        self.put(set, key, value);
+    }
+
+    /// An element other service ports may hold too.
+    fn put_shared(&mut self, rec: &mut Record, set: &'static str, key: String) {
+        if self.index.hold(set, &key) {
+            self.put(set, key.clone(), None);
+        }
+        rec.elements.push((set, key));
+    }
+
+    fn use_chain(&mut self, rec: &mut Record, kind: LbKind, n: usize) {
+        if self.index.use_chain((kind, n)) {
+            let name = kind.chain(n);
+            self.touch_chain(&name);
+            let chain = lb_chain(self.node, self.family, kind, n);
+            self.table.chains.insert(name, chain);
+        }
+        rec.lb.push((kind, n));
     }
 
     fn taken(&self, set: &str, key: &str) -> bool {
@@ -451,147 +281,137 @@ impl<'a> Builder<'a> {
             .is_some_and(|s| s.elements.contains_key(key))
     }
 
+    fn previous(&self, backends: &str) -> Option<&Set> {
+        match self.prev {
+            Some(t) => t.sets.get(backends),
+            None => self.removed.sets.get(backends),
+        }
+    }
+
     /// Program one front end: dispatch element plus its backend slots, or a no-endpoint verdict.
-    #[allow(clippy::too_many_arguments)]
     fn frontend(
         &mut self,
         svc: &ServicePort,
-        key: String,
-        dispatch_map: &str,
-        none_map: &str,
-        backends_map: &str,
-        kind: LbKind,
+        fe: Frontend,
         eps: &[&Endpoint],
         has_any: bool,
+        rec: &mut Record,
     ) {
-        if self.taken(dispatch_map, &key) || self.taken(none_map, &key) {
-            self.report.conflicts.push(format!(
-                "service port {} ({}): front end {key} is already used by another service; skipped",
-                svc.name, svc.family
+        if self.taken(fe.dispatch, &fe.key) || self.taken(fe.none, &fe.key) {
+            rec.conflicts += 1;
+            self.conflicts.push(format!(
+                "service port {} ({}): front end {} is already used by another service; skipped",
+                svc.name, svc.family, fe.key
             ));
             return;
         }
         if eps.is_empty() {
             let verdict = if has_any { DROP } else { REJECT };
-            self.insert(none_map, key, Some(verdict.to_string()));
+            self.put_owned(rec, fe.none, fe.key, Some(verdict.to_string()));
             return;
         }
         let wanted: Vec<String> = eps.iter().map(|e| backend_value(e)).collect();
-        let prev = previous_slots(self.prev.and_then(|t| t.sets.get(backends_map)), &key);
+        let prev = previous_slots(self.previous(fe.backends), &fe.key);
         let slots = assign_slots(&prev, &wanted);
+        let n = slots.len();
         for (i, v) in slots.into_iter().enumerate() {
-            self.insert(backends_map, format!("{key} . {i}"), Some(v));
+            self.put_owned(rec, fe.backends, format!("{} . {i}", fe.key), Some(v));
         }
-        self.lb.insert((kind, eps.len()));
-        self.insert(
-            dispatch_map,
-            key,
-            Some(format!("goto {}", kind.chain(eps.len()))),
+        self.use_chain(rec, fe.kind, n);
+        self.put_owned(
+            rec,
+            fe.dispatch,
+            fe.key,
+            Some(format!("goto {}", fe.kind.chain(n))),
         );
     }
 
     fn service(&mut self, svc: &ServicePort, endpoints: &[Endpoint]) {
+        self.remove_port(&svc.name);
         let sel = selection::select(self.node, svc, endpoints);
         let has_any = !sel.cluster.is_empty();
-        let proto = svc.name.protocol;
         let internal = selection::internal(svc, &sel).to_vec();
         let external = selection::external(svc, &sel).to_vec();
-        let local_policy = svc.external_traffic_policy == TrafficPolicy::Local;
+        let mut rec = Record::default();
         if has_any && svc.internal_traffic_policy == TrafficPolicy::Local && internal.is_empty() {
-            self.report.no_local_endpoints.internal += 1;
+            rec.no_local.internal = 1;
         }
-        if has_any && local_policy && svc.has_external_frontends() && external.is_empty() {
-            self.report.no_local_endpoints.external += 1;
+        if has_any
+            && svc.external_traffic_policy == TrafficPolicy::Local
+            && svc.has_external_frontends()
+            && external.is_empty()
+        {
+            rec.no_local.external = 1;
         }
-
-        self.insert(SET_CLUSTER_IPS, svc.cluster_ip.to_string(), None);
-        self.frontend(
-            svc,
-            format!("{} . {proto} . {}", svc.cluster_ip, svc.port),
-            MAP_SERVICE_IPS,
-            MAP_NO_ENDPOINT_SERVICES,
-            MAP_BACKENDS,
-            LbKind::Cluster,
-            &internal,
-            has_any,
-        );
-        let ext_kind = if local_policy {
-            LbKind::ExternalLocal
-        } else {
-            LbKind::External
-        };
-        let mut ext_ips: Vec<IpAddr> = svc
-            .external_ips
-            .iter()
-            .chain(svc.load_balancer_ips.iter())
-            .copied()
-            .filter(|ip| IpFamily::of(ip) == self.family && *ip != svc.cluster_ip)
-            .collect();
-        ext_ips.sort();
-        ext_ips.dedup();
-        for ip in ext_ips {
-            self.frontend(
-                svc,
-                format!("{ip} . {proto} . {}", svc.port),
-                MAP_SERVICE_IPS,
-                MAP_NO_ENDPOINT_SERVICES,
-                MAP_BACKENDS,
-                ext_kind,
-                &external,
-                has_any,
-            );
-        }
-        if svc.node_port != 0 {
-            let kind = if local_policy {
-                LbKind::NodePortLocal
-            } else {
-                LbKind::NodePort
-            };
-            self.frontend(
-                svc,
-                format!("{proto} . {}", svc.node_port),
-                MAP_SERVICE_NODEPORTS,
-                MAP_NO_ENDPOINT_NODEPORTS,
-                MAP_NODEPORT_BACKENDS,
-                kind,
-                &external,
-                has_any,
-            );
+        self.put_shared(&mut rec, SET_CLUSTER_IPS, svc.cluster_ip.to_string());
+        for fe in frontends(svc, self.family) {
+            let eps = if fe.external { &external } else { &internal };
+            self.frontend(svc, fe, eps, has_any, &mut rec);
         }
         // Hairpin: an endpoint reaching itself through the service must be masqueraded, or
         // it would answer itself directly. Endpoints known to run elsewhere never start here.
-        let node_name = self.node.name.clone();
-        for e in sel.cluster.iter().chain(sel.local.iter()) {
-            let elsewhere = e.node_name.as_deref().is_some_and(|n| n != node_name);
-            if !elsewhere {
-                self.insert(SET_HAIRPIN, format!("{} . {}", e.ip, e.ip), None);
+        let hairpin: BTreeSet<String> = sel
+            .cluster
+            .iter()
+            .chain(sel.local.iter())
+            .filter(|e| e.node_name.as_deref().is_none_or(|n| n == self.node.name))
+            .map(|e| format!("{} . {}", e.ip, e.ip))
+            .collect();
+        for key in hairpin {
+            self.put_shared(&mut rec, SET_HAIRPIN, key);
+        }
+        self.index.insert(svc.name.clone(), rec);
+    }
+
+    /// Take out everything one service port contributed; its backend slots go to `removed`,
+    /// so that laying it out again keeps them.
+    fn remove_port(&mut self, name: &ServicePortName) {
+        let Some(rec) = self.index.remove(name) else {
+            return;
+        };
+        for (set, key) in rec.elements {
+            if ownership::shared(set) {
+                if self.index.release(set, &key) {
+                    self.take(set, &key);
+                }
+                continue;
+            }
+            let old = self.take(set, &key);
+            if let (Some(value), true) = (old, set == MAP_BACKENDS || set == MAP_NODEPORT_BACKENDS)
+            {
+                self.removed
+                    .sets
+                    .entry(set.to_string())
+                    .or_default()
+                    .elements
+                    .insert(key, value);
+            }
+        }
+        for (kind, n) in rec.lb {
+            if self.index.drop_chain((kind, n)) {
+                let name = kind.chain(n);
+                self.touch_chain(&name);
+                self.table.chains.remove(&name);
             }
         }
     }
 }
 
-/// Lay out one family's table.
+/// Lay out one family's table from scratch.
 fn family_table(
     snapshot: &Snapshot,
     family: IpFamily,
     prev: Option<&Table>,
-    report: &mut LayoutReport,
-) -> Table {
+) -> (Table, FamilyIndex, Vec<String>) {
     let node = &snapshot.node;
-    let mut b = Builder {
-        node,
-        family,
-        table: skeleton(node, family),
-        prev,
-        lb: BTreeSet::new(),
-        report: LayoutReport::default(),
-    };
+    let mut b = Builder::new(node, family, skeleton(node, family), FamilyIndex::default());
+    b.prev = prev;
     for net in disjoint_cidrs(&node.service_cidrs, family) {
-        b.insert(SET_SERVICE_CIDRS, cidr_text(&net), None);
+        b.put(SET_SERVICE_CIDRS, cidr_text(&net), None);
     }
     if let NodePortAddresses::Cidrs(cidrs) = &node.node_port_addresses {
         for net in disjoint_cidrs(cidrs, family) {
-            b.insert(SET_NODEPORT_ADDRS, cidr_text(&net), None);
+            b.put(SET_NODEPORT_ADDRS, cidr_text(&net), None);
         }
     }
     for ((name, fam), svc) in &snapshot.services {
@@ -599,26 +419,147 @@ fn family_table(
             b.service(svc, snapshot.endpoints_of(name));
         }
     }
-    for (kind, n) in std::mem::take(&mut b.lb) {
-        b.table
-            .chains
-            .insert(kind.chain(n), lb_chain(node, family, kind, n));
+    (b.table, b.index, b.conflicts)
+}
+
+pub fn report_of(index: &Index, conflicts: Vec<String>) -> LayoutReport {
+    let mut report = LayoutReport {
+        conflicts,
+        ..Default::default()
+    };
+    for f in index.families.values() {
+        report.no_local_endpoints.internal += f.no_local.internal;
+        report.no_local_endpoints.external += f.no_local.external;
     }
-    report.conflicts.append(&mut b.report.conflicts);
-    report.no_local_endpoints.internal += b.report.no_local_endpoints.internal;
-    report.no_local_endpoints.external += b.report.no_local_endpoints.external;
-    b.table
+    report
+}
+
+/// The complete ruleset for a snapshot, laid out against `previous` for stable slots, with
+/// the index of who contributed what.
+pub fn layout(snapshot: &Snapshot, previous: &Ruleset) -> (Ruleset, Index, LayoutReport) {
+    let mut conflicts = Vec::new();
+    let mut rs = Ruleset::default();
+    let mut index = Index::default();
+    for family in IpFamily::ALL {
+        let (t, fi, mut c) = family_table(snapshot, family, previous.table(family));
+        rs.tables.insert(family, t);
+        index.families.insert(family, fi);
+        conflicts.append(&mut c);
+    }
+    let report = report_of(&index, conflicts);
+    (rs, index, report)
 }
 
 /// The complete desired ruleset for a snapshot, laid out against `previous` for stable slots.
 pub fn desired(snapshot: &Snapshot, previous: &Ruleset) -> (Ruleset, LayoutReport) {
-    let mut report = LayoutReport::default();
-    let mut rs = Ruleset::default();
-    for family in IpFamily::ALL {
-        let t = family_table(snapshot, family, previous.table(family), &mut report);
-        rs.tables.insert(family, t);
-    }
+    let (rs, _, report) = layout(snapshot, previous);
     (rs, report)
+}
+
+/// The service ports of service `namespace/name` in `snapshot`, in `family`.
+fn snapshot_ports<'s>(
+    snapshot: &'s Snapshot,
+    namespace: &'s str,
+    name: &'s str,
+    family: IpFamily,
+) -> impl Iterator<Item = &'s ServicePort> + 's {
+    snapshot
+        .services
+        .range((ownership::service_start(namespace, name), IpFamily::V4)..)
+        .take_while(move |((n, _), _)| n.namespace == namespace && n.name == name)
+        .filter(move |((_, f), _)| *f == family)
+        .map(|(_, svc)| svc)
+}
+
+/// Whether the services in `changed` can be laid out again in place in this family: only
+/// when no front end is contested, since who wins a contested one depends on every service.
+fn updatable(
+    snapshot: &Snapshot,
+    family: IpFamily,
+    table: &Table,
+    index: &FamilyIndex,
+    changed: &BTreeSet<(String, String)>,
+) -> bool {
+    if index.conflicts > 0 {
+        return false;
+    }
+    let mut freed: HashSet<(&str, &str)> = HashSet::new();
+    for (ns, name) in changed {
+        for port in index.ports_of(ns, name) {
+            for (set, key) in index
+                .records
+                .get(&port)
+                .into_iter()
+                .flat_map(|r| &r.elements)
+            {
+                if is_frontend_map(set) {
+                    freed.insert((set, key.as_str()));
+                }
+            }
+        }
+    }
+    let mut claimed: HashSet<(&'static str, String)> = HashSet::new();
+    for (ns, name) in changed {
+        for svc in snapshot_ports(snapshot, ns, name, family) {
+            for fe in frontends(svc, family) {
+                let held = |map: &str| {
+                    table
+                        .sets
+                        .get(map)
+                        .is_some_and(|s| s.elements.contains_key(&fe.key))
+                        && !freed.contains(&(map, fe.key.as_str()))
+                };
+                if held(fe.dispatch) || held(fe.none) {
+                    return false;
+                }
+                if !claimed.insert((fe.dispatch, fe.key)) {
+                    return false;
+                }
+            }
+        }
+    }
+    true
+}
+
+/// Lay out again, in place, only the services (namespace, name) in `changed`: take out what
+/// they contributed and put in what they need now. Returns what was touched in each family,
+/// for the transaction; `None`, with nothing changed, when the update cannot be done in place
+/// (see [`updatable`]) and a whole layout is needed.
+pub fn update(
+    snapshot: &Snapshot,
+    ruleset: &mut Ruleset,
+    index: &mut Index,
+    changed: &BTreeSet<(String, String)>,
+) -> Option<Vec<(IpFamily, Touched)>> {
+    for family in IpFamily::ALL {
+        let (Some(table), Some(fi)) = (ruleset.table(family), index.families.get(&family)) else {
+            return None;
+        };
+        if !updatable(snapshot, family, table, fi, changed) {
+            return None;
+        }
+    }
+    let mut out = Vec::new();
+    for family in IpFamily::ALL {
+        let table = ruleset.tables.remove(&family).unwrap_or_default();
+        let fi = index.families.remove(&family).unwrap_or_default();
+        let mut b = Builder::new(&snapshot.node, family, table, fi);
+        b.touched = Some(Touched::default());
+        for (ns, name) in changed {
+            for port in b.index.ports_of(ns, name) {
+                b.remove_port(&port);
+            }
+        }
+        for (ns, name) in changed {
+            for svc in snapshot_ports(snapshot, ns, name, family) {
+                b.service(svc, snapshot.endpoints_of(&svc.name));
+            }
+        }
+        ruleset.tables.insert(family, b.table);
+        index.families.insert(family, b.index);
+        out.push((family, b.touched.unwrap_or_default()));
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -648,29 +589,5 @@ mod tests {
         // The same backend twice is one slot.
         assert_eq!(assign_slots(&[], &s(&["x", "x", "y"])), s(&["x", "y"]));
         assert_eq!(assign_slots(&prev, &s(&["c", "c"])), s(&["c"]));
-    }
-
-    #[test]
-    fn cidrs_are_made_disjoint_per_family() {
-        let nets: Vec<IpNetwork> = [
-            "10.0.0.0/8",
-            "10.1.0.0/16",
-            "192.168.0.2/32",
-            "fd00::/64",
-            "10.0.0.0/8",
-        ]
-        .iter()
-        .map(|n| n.parse().unwrap())
-        .collect();
-        let v4: Vec<String> = disjoint_cidrs(&nets, IpFamily::V4)
-            .iter()
-            .map(cidr_text)
-            .collect();
-        assert_eq!(v4, s(&["10.0.0.0/8", "192.168.0.2"]));
-        let v6: Vec<String> = disjoint_cidrs(&nets, IpFamily::V6)
-            .iter()
-            .map(cidr_text)
-            .collect();
-        assert_eq!(v6, s(&["fd00::/64"]));
     }
 }

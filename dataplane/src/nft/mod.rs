@@ -3,21 +3,32 @@
 pub mod exec;
 pub mod layout;
 pub mod listing;
+pub mod ownership;
+pub mod skeleton;
 pub mod state;
 pub mod transaction;
 
-use crate::backend::{Backend, BackendError, SyncReport};
+use crate::backend::{Backend, BackendError, Scope, ServiceKey, SyncReport};
 use crate::model::Snapshot;
 use exec::NftExecutor;
+use ownership::Index;
 use state::Ruleset;
+use std::collections::BTreeSet;
 use std::time::Instant;
+
+/// What the last successful sync committed, and who contributed what to it.
+#[derive(Debug)]
+struct Applied {
+    ruleset: Ruleset,
+    index: Index,
+}
 
 /// Programs Switchyard's `ip`/`ip6 switchyard` tables through an [`NftExecutor`].
 #[derive(Debug)]
 pub struct NftBackend<E: NftExecutor> {
     exec: E,
-    /// What the last successful sync committed; `None` forces a read of the kernel.
-    applied: Option<Ruleset>,
+    /// `None` forces a read of the kernel.
+    applied: Option<Applied>,
 }
 
 impl<E: NftExecutor> NftBackend<E> {
@@ -38,31 +49,77 @@ impl<E: NftExecutor> NftBackend<E> {
         let (desired, _) = layout::desired(snapshot, &empty);
         transaction::diff(&empty, &desired, false)
     }
+
+    fn commit(&mut self, tx: &transaction::Transaction) -> Result<(), BackendError> {
+        if tx.is_empty() {
+            return Ok(());
+        }
+        self.exec.apply(tx).map_err(|e| {
+            // The kernel kept its previous state; the next sync must re-read it.
+            self.applied = None;
+            e.into()
+        })
+    }
+
+    /// Only the changed services, in place, when the layout allows it.
+    fn sync_services(
+        &mut self,
+        snapshot: &Snapshot,
+        changed: &BTreeSet<ServiceKey>,
+        mut applied: Applied,
+    ) -> Result<Result<SyncReport, BackendError>, Applied> {
+        let started = Instant::now();
+        let Some(touched) =
+            layout::update(snapshot, &mut applied.ruleset, &mut applied.index, changed)
+        else {
+            return Err(applied);
+        };
+        let tx = transaction::patch(&applied.ruleset, &touched);
+        if let Err(e) = self.commit(&tx) {
+            return Ok(Err(e));
+        }
+        let report = layout::report_of(&applied.index, Vec::new());
+        self.applied = Some(applied);
+        Ok(Ok(SyncReport {
+            full: false,
+            drift: false,
+            stats: tx.stats(),
+            duration: started.elapsed(),
+            conflicts: report.conflicts,
+            no_local_endpoints: report.no_local_endpoints,
+            services: snapshot.service_count(),
+            endpoints: snapshot.endpoint_count(),
+        }))
+    }
 }
 
 impl<E: NftExecutor> Backend for NftBackend<E> {
-    fn sync(&mut self, snapshot: &Snapshot, full: bool) -> Result<SyncReport, BackendError> {
+    fn sync(&mut self, snapshot: &Snapshot, scope: Scope<'_>) -> Result<SyncReport, BackendError> {
         let started = Instant::now();
+        let full = scope.is_full();
         let mut drift = false;
-        let current = match (full, self.applied.take()) {
-            (false, Some(applied)) => applied,
-            (true, Some(applied)) => {
+        let current = match (scope, self.applied.take()) {
+            (Scope::Services(changed), Some(applied)) => {
+                match self.sync_services(snapshot, changed, applied) {
+                    Ok(result) => return result,
+                    Err(applied) => applied.ruleset,
+                }
+            }
+            (Scope::Full, Some(applied)) => {
                 let kernel = self.exec.read()?;
-                drift = !transaction::diff(&kernel, &applied, false).is_empty();
+                drift = !transaction::diff(&kernel, &applied.ruleset, false).is_empty();
                 kernel
             }
+            (_, Some(applied)) => applied.ruleset,
             (_, None) => self.exec.read()?,
         };
-        let (desired, layout) = layout::desired(snapshot, &current);
+        let (desired, index, layout) = layout::layout(snapshot, &current);
         let tx = transaction::diff(&current, &desired, full);
-        if !tx.is_empty() {
-            if let Err(e) = self.exec.apply(&tx) {
-                // The kernel kept its previous state; the next sync must re-read it.
-                self.applied = None;
-                return Err(e.into());
-            }
-        }
-        self.applied = Some(desired);
+        self.commit(&tx)?;
+        self.applied = Some(Applied {
+            ruleset: desired,
+            index,
+        });
         Ok(SyncReport {
             full,
             drift,
@@ -89,3 +146,5 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod update_tests;

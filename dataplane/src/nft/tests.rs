@@ -5,7 +5,7 @@ use super::layout;
 use super::state::Ruleset;
 use super::transaction::{apply, diff, Op};
 use super::NftBackend;
-use crate::backend::Backend;
+use crate::backend::{Backend, Scope};
 use crate::model::*;
 use std::net::IpAddr;
 
@@ -191,7 +191,7 @@ fn one_endpoint_change_touches_few_elements_at_any_scale() {
 fn failed_apply_keeps_kernel_state_and_next_sync_rereads() {
     let mut be = NftBackend::new(FakeNft::default());
     let s = snapshot(vec![(port("a", "b", "172.30.0.1", 80), vec!["10.0.0.1"])]);
-    be.sync(&s, false).unwrap();
+    be.sync(&s, Scope::All).unwrap();
     let before = be.executor().state.clone();
     let mut s2 = s.clone();
     s2.endpoints
@@ -200,15 +200,15 @@ fn failed_apply_keeps_kernel_state_and_next_sync_rereads() {
         .unwrap()
         .push(Endpoint::ready(ip("10.0.0.2"), 8080));
     be.exec.fail_next = true;
-    assert!(be.sync(&s2, false).is_err());
+    assert!(be.sync(&s2, Scope::All).is_err());
     assert_eq!(
         be.executor().state,
         before,
         "a failed commit changes nothing"
     );
-    let r = be.sync(&s2, false).unwrap();
+    let r = be.sync(&s2, Scope::All).unwrap();
     assert!(r.stats.elements_added > 0);
-    let r = be.sync(&s2, false).unwrap();
+    let r = be.sync(&s2, Scope::All).unwrap();
     assert_eq!(r.stats.operations(), 0, "{}", r.summary());
 }
 
@@ -216,7 +216,7 @@ fn failed_apply_keeps_kernel_state_and_next_sync_rereads() {
 fn kernel_drift_is_repaired_by_a_full_sync() {
     let mut be = NftBackend::new(FakeNft::default());
     let s = snapshot(vec![(port("a", "b", "172.30.0.1", 80), vec!["10.0.0.1"])]);
-    be.sync(&s, false).unwrap();
+    be.sync(&s, Scope::All).unwrap();
     let want = be.executor().state.clone();
     be.exec
         .state
@@ -238,7 +238,7 @@ fn kernel_drift_is_repaired_by_a_full_sync() {
         .unwrap()
         .rules
         .pop();
-    let r = be.sync(&s, true).unwrap();
+    let r = be.sync(&s, Scope::Full).unwrap();
     assert!(r.stats.elements_added >= 1);
     assert_eq!(
         be.executor().state.table(IpFamily::V4).unwrap().sets,
@@ -255,7 +255,7 @@ fn kernel_drift_is_repaired_by_a_full_sync() {
 #[test]
 fn cleanup_removes_both_tables_only() {
     let mut be = NftBackend::new(FakeNft::default());
-    be.sync(&snapshot(vec![]), false).unwrap();
+    be.sync(&snapshot(vec![]), Scope::All).unwrap();
     assert_eq!(be.cleanup().unwrap(), 2);
     assert!(be.executor().state.tables.is_empty());
     let tx = be.executor().last.clone().unwrap();

@@ -4,8 +4,10 @@
 //! atomic commit (`nft -f -`). The text syntax is used because nft 1.0.6's JSON input
 //! mishandles concatenated map values (see ARCHITECTURE.md).
 
+use super::ownership::Touched;
 use super::state::{family_name, Chain, Ruleset, Set, Table, TABLE};
 use crate::model::IpFamily;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 /// Elements per `add element` / `delete element` statement; keeps nft's parser and memory tame.
@@ -400,6 +402,91 @@ pub fn diff(old: &Ruleset, new: &Ruleset, full: bool) -> Transaction {
                 create_table(&mut tx, family, n);
             }
             (Some(o), Some(n)) => update_table(&mut tx, family, o, n, full),
+        }
+    }
+    tx
+}
+
+/// The transaction for an in-place update: `new` is the ruleset after it, `touched` the old
+/// value of everything it touched per family. Ordered as [`diff`] orders an update, and
+/// equivalent to `diff(old, new, false)` at the cost of the touched part only.
+pub fn patch(new: &Ruleset, touched: &[(IpFamily, Touched)]) -> Transaction {
+    let mut tx = Transaction::default();
+    let empty = Table::default();
+    for (family, t) in touched {
+        let family = *family;
+        let table = new.table(family).unwrap_or(&empty);
+        let mut written = Vec::new();
+        let mut gone = Vec::new();
+        for (name, old) in &t.chains {
+            match (old, table.chains.get(name)) {
+                (None, Some(c)) => {
+                    tx.ops.push(Op::AddChain {
+                        family,
+                        name: name.clone(),
+                        hook: c.hook.clone(),
+                    });
+                    written.push(name);
+                }
+                (Some(o), Some(c)) if !c.same_as(o) => {
+                    tx.ops.push(Op::FlushChain {
+                        family,
+                        name: name.clone(),
+                    });
+                    written.push(name);
+                }
+                (Some(_), None) => gone.push(name),
+                _ => {}
+            }
+        }
+        for name in written {
+            if let Some(chain) = table.chains.get(name) {
+                for rule in rules_with_fingerprint(chain) {
+                    tx.ops.push(Op::AddRule {
+                        family,
+                        chain: name.clone(),
+                        rule,
+                    });
+                }
+            }
+        }
+        let mut deleted: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        let mut added: BTreeMap<&str, Vec<(String, Option<String>)>> = BTreeMap::new();
+        for ((set, key), old) in &t.elements {
+            let now = table.sets.get(*set).and_then(|s| s.elements.get(key));
+            if old.as_ref() == now {
+                continue;
+            }
+            if old.is_some() {
+                deleted.entry(set).or_default().push(key.clone());
+            }
+            if let Some(v) = now {
+                added.entry(set).or_default().push((key.clone(), v.clone()));
+            }
+        }
+        for (set, keys) in deleted {
+            tx.ops.push(Op::DeleteElements {
+                family,
+                set: set.to_string(),
+                keys,
+            });
+        }
+        for (set, elements) in added {
+            tx.ops.push(Op::AddElements {
+                family,
+                set: set.to_string(),
+                elements,
+            });
+        }
+        for name in gone {
+            tx.ops.push(Op::FlushChain {
+                family,
+                name: name.clone(),
+            });
+            tx.ops.push(Op::DeleteChain {
+                family,
+                name: name.clone(),
+            });
         }
     }
     tx

@@ -1,0 +1,130 @@
+//! Who put what into a table: per service port, the elements and load-balancing chains it
+//! contributed, with reference counts for what several service ports share, so that one
+//! service can be taken out of a table and laid out again without touching the rest.
+
+use super::layout::NoLocalEndpoints;
+use super::skeleton::{LbKind, SET_CLUSTER_IPS, SET_HAIRPIN};
+use super::state::Chain;
+use crate::model::{IpFamily, ServicePortName};
+use std::collections::{BTreeMap, HashMap};
+
+/// Sets whose elements several service ports may contribute (ports of one service share a
+/// cluster IP; an endpoint may back several services). Every other element has one owner:
+/// front ends are exclusive, and backend slots are keyed by their front end.
+pub fn shared(set: &str) -> bool {
+    set == SET_CLUSTER_IPS || set == SET_HAIRPIN
+}
+
+/// What one service port contributed to its family's table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Record {
+    /// (set, key) of every element it put in.
+    pub elements: Vec<(&'static str, String)>,
+    /// The load-balancing chains its front ends jump to.
+    pub lb: Vec<(LbKind, usize)>,
+    pub no_local: NoLocalEndpoints,
+    /// Front ends it lost to another service port.
+    pub conflicts: usize,
+}
+
+/// The records of one family's table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FamilyIndex {
+    pub records: BTreeMap<ServicePortName, Record>,
+    shared: HashMap<(&'static str, String), usize>,
+    lb: BTreeMap<(LbKind, usize), usize>,
+    /// Sums over the records.
+    pub no_local: NoLocalEndpoints,
+    pub conflicts: usize,
+}
+
+impl FamilyIndex {
+    /// Count one more holder of a shared element; true when it is the first.
+    pub fn hold(&mut self, set: &'static str, key: &str) -> bool {
+        let n = self.shared.entry((set, key.to_string())).or_insert(0);
+        *n += 1;
+        *n == 1
+    }
+
+    /// Count one holder less of a shared element; true when it was the last.
+    pub fn release(&mut self, set: &'static str, key: &str) -> bool {
+        let k = (set, key.to_string());
+        match self.shared.get_mut(&k) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            Some(_) => {
+                self.shared.remove(&k);
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// Count one more user of a load-balancing chain; true when it is the first.
+    pub fn use_chain(&mut self, chain: (LbKind, usize)) -> bool {
+        let n = self.lb.entry(chain).or_insert(0);
+        *n += 1;
+        *n == 1
+    }
+
+    /// Count one user less of a load-balancing chain; true when it was the last.
+    pub fn drop_chain(&mut self, chain: (LbKind, usize)) -> bool {
+        match self.lb.get_mut(&chain) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            Some(_) => {
+                self.lb.remove(&chain);
+                true
+            }
+            None => true,
+        }
+    }
+
+    pub fn insert(&mut self, name: ServicePortName, record: Record) {
+        self.no_local.internal += record.no_local.internal;
+        self.no_local.external += record.no_local.external;
+        self.conflicts += record.conflicts;
+        self.records.insert(name, record);
+    }
+
+    pub fn remove(&mut self, name: &ServicePortName) -> Option<Record> {
+        let r = self.records.remove(name)?;
+        self.no_local.internal -= r.no_local.internal;
+        self.no_local.external -= r.no_local.external;
+        self.conflicts -= r.conflicts;
+        Some(r)
+    }
+
+    /// The recorded service ports of service `namespace/name`.
+    pub fn ports_of(&self, namespace: &str, name: &str) -> Vec<ServicePortName> {
+        self.records
+            .range(service_start(namespace, name)..)
+            .map(|(k, _)| k)
+            .take_while(|k| k.namespace == namespace && k.name == name)
+            .cloned()
+            .collect()
+    }
+}
+
+/// The smallest service port name of a service, where a range over its ports starts.
+pub fn service_start(namespace: &str, name: &str) -> ServicePortName {
+    ServicePortName::new(namespace, name, "", crate::model::Protocol::Tcp)
+}
+
+/// Both families' records; an index belongs to the ruleset it was built with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Index {
+    pub families: BTreeMap<IpFamily, FamilyIndex>,
+}
+
+/// What an in-place update changed in one table: the old value of every element and chain
+/// it touched, taken the first time each was touched (`None`: it did not exist).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Touched {
+    pub elements: BTreeMap<(&'static str, String), Option<Option<String>>>,
+    pub chains: BTreeMap<String, Option<Chain>>,
+}

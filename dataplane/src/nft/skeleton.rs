@@ -1,0 +1,368 @@
+//! The fixed part of a family's table: the sets and maps, the base chains and the checks
+//! that do not depend on any service, and the load-balancing chain for each endpoint count.
+
+use super::state::{Chain, Set, Table};
+use crate::model::{IpFamily, LocalDetector, NodeConfig, NodePortAddresses};
+use ipnetwork::IpNetwork;
+use std::collections::BTreeMap;
+
+pub const SET_CLUSTER_IPS: &str = "cluster-ips";
+pub const SET_SERVICE_CIDRS: &str = "service-cidrs";
+pub const SET_NODEPORT_ADDRS: &str = "nodeport-addrs";
+pub const SET_HAIRPIN: &str = "hairpin";
+pub const MAP_SERVICE_IPS: &str = "service-ips";
+pub const MAP_SERVICE_NODEPORTS: &str = "service-nodeports";
+pub const MAP_NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+pub const MAP_NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+pub const MAP_BACKENDS: &str = "backends";
+pub const MAP_NODEPORT_BACKENDS: &str = "nodeport-backends";
+
+/// Family-specific words.
+struct Words {
+    fam: &'static str,
+    addr_type: &'static str,
+    loopback: &'static str,
+}
+
+fn words(family: IpFamily) -> Words {
+    match family {
+        IpFamily::V4 => Words {
+            fam: "ip",
+            addr_type: "ipv4_addr",
+            loopback: "127.0.0.0/8",
+        },
+        IpFamily::V6 => Words {
+            fam: "ip6",
+            addr_type: "ipv6_addr",
+            loopback: "::1",
+        },
+    }
+}
+
+/// Canonical element text of a CIDR: a host prefix prints as the bare address, as nft lists it.
+pub fn cidr_text(net: &IpNetwork) -> String {
+    let full = match net {
+        IpNetwork::V4(_) => 32,
+        IpNetwork::V6(_) => 128,
+    };
+    if net.prefix() == full {
+        net.ip().to_string()
+    } else {
+        format!("{}/{}", net.network(), net.prefix())
+    }
+}
+
+/// CIDRs of one family with duplicates and nested ranges removed (nft rejects overlaps).
+pub fn disjoint_cidrs(nets: &[IpNetwork], family: IpFamily) -> Vec<IpNetwork> {
+    let mut of_family: Vec<IpNetwork> = nets
+        .iter()
+        .filter(|n| IpFamily::of_net(n) == family)
+        .map(|n| match IpNetwork::new(n.network(), n.prefix()) {
+            Ok(canon) => canon,
+            Err(_) => *n,
+        })
+        .collect();
+    of_family.sort_by_key(|n| n.prefix());
+    let mut kept: Vec<IpNetwork> = Vec::new();
+    for n in of_family {
+        if !kept.iter().any(|k| k.contains(n.network())) {
+            kept.push(n);
+        }
+    }
+    kept.sort_by(|a, b| {
+        a.network()
+            .cmp(&b.network())
+            .then(a.prefix().cmp(&b.prefix()))
+    });
+    kept
+}
+
+fn set(map: bool, decl: String) -> Set {
+    let fingerprint = super::state::fingerprint(&decl);
+    Set {
+        map,
+        decl,
+        fingerprint,
+        elements: BTreeMap::new(),
+    }
+}
+
+/// Rule that sends non-local traffic to mark-for-masquerade in a cluster-N chain, if any.
+fn masquerade_rule(node: &NodeConfig, family: IpFamily) -> Option<String> {
+    let w = words(family);
+    if node.masquerade_all {
+        return Some("jump mark-for-masquerade".to_string());
+    }
+    match &node.local_detector {
+        LocalDetector::None => None,
+        LocalDetector::Cidrs(cidrs) => {
+            let cidrs = disjoint_cidrs(cidrs, family);
+            match cidrs.as_slice() {
+                [] => None,
+                [one] => Some(format!(
+                    "{} saddr != {} jump mark-for-masquerade",
+                    w.fam,
+                    cidr_text(one)
+                )),
+                many => Some(format!(
+                    "{} saddr != {{ {} }} jump mark-for-masquerade",
+                    w.fam,
+                    many.iter().map(cidr_text).collect::<Vec<_>>().join(", ")
+                )),
+            }
+        }
+        LocalDetector::Bridge(name) => Some(format!(
+            "iifname != \"{}\" jump mark-for-masquerade",
+            name.replace('"', "")
+        )),
+        LocalDetector::InterfacePrefix(prefix) => Some(format!(
+            "iifname != \"{}*\" jump mark-for-masquerade",
+            prefix.replace('"', "")
+        )),
+    }
+}
+
+/// The match that selects packets to a node-port address.
+fn nodeport_match(node: &NodeConfig, family: IpFamily) -> String {
+    let w = words(family);
+    match node.node_port_addresses {
+        NodePortAddresses::All => {
+            format!("fib daddr type local {} daddr != {}", w.fam, w.loopback)
+        }
+        NodePortAddresses::Cidrs(_) => format!(
+            "fib daddr type local {} daddr != {} {} daddr @{SET_NODEPORT_ADDRS}",
+            w.fam, w.loopback, w.fam
+        ),
+    }
+}
+
+/// The table skeleton: sets, maps and the chains that do not depend on services.
+pub fn skeleton(node: &NodeConfig, family: IpFamily) -> Table {
+    let w = words(family);
+    let at = w.addr_type;
+    let mark = node.masquerade_mark();
+    let mut t = Table::default();
+    let fe_key = format!("{at} . inet_proto . inet_service");
+    let np_key = "inet_proto . inet_service".to_string();
+    let sets = [
+        (SET_CLUSTER_IPS, false, format!("type {at};")),
+        (SET_SERVICE_CIDRS, false, format!("type {at}; flags interval;")),
+        (SET_NODEPORT_ADDRS, false, format!("type {at}; flags interval;")),
+        (SET_HAIRPIN, false, format!("type {at} . {at};")),
+        (MAP_SERVICE_IPS, true, format!("type {fe_key} : verdict;")),
+        (MAP_SERVICE_NODEPORTS, true, format!("type {np_key} : verdict;")),
+        (MAP_NO_ENDPOINT_SERVICES, true, format!("type {fe_key} : verdict;")),
+        (MAP_NO_ENDPOINT_NODEPORTS, true, format!("type {np_key} : verdict;")),
+        // typeof, not type: numgen yields a plain integer, which no named type matches. The
+        // value says `tcp dport`, not `th dport`: nft 1.0.6 cannot re-evaluate a `th` value
+        // type loaded from the kernel ("conflicting protocols specified: ip vs. th"), which
+        // breaks every later rule that uses the map. Both are inet_service.
+        (
+            MAP_BACKENDS,
+            true,
+            format!(
+                "typeof {f} daddr . meta l4proto . th dport . numgen random mod 1 : {f} daddr . tcp dport;",
+                f = w.fam
+            ),
+        ),
+        (
+            MAP_NODEPORT_BACKENDS,
+            true,
+            format!(
+                "typeof meta l4proto . th dport . numgen random mod 1 : {f} daddr . tcp dport;",
+                f = w.fam
+            ),
+        ),
+    ];
+    for (name, map, decl) in sets {
+        t.sets.insert(name.to_string(), set(map, decl));
+    }
+
+    let base = |kind: &str, hook: &str, prio: i32| {
+        Some(format!(
+            "type {kind} hook {hook} priority {prio}; policy accept;"
+        ))
+    };
+    let mut chain = |name: &str, hook: Option<String>, rules: Vec<String>| {
+        t.chains.insert(name.to_string(), Chain::new(hook, rules));
+    };
+    let new = "ct state new";
+    chain(
+        "filter-forward",
+        base("filter", "forward", -110),
+        vec![
+            format!("{new} jump service-endpoints-check"),
+            format!("{new} jump cluster-ips-check"),
+        ],
+    );
+    chain(
+        "filter-input",
+        base("filter", "input", -110),
+        vec![
+            format!("{new} jump nodeport-endpoints-check"),
+            format!("{new} jump service-endpoints-check"),
+        ],
+    );
+    chain(
+        "filter-output",
+        base("filter", "output", -110),
+        vec![format!("{new} jump service-endpoints-check")],
+    );
+    // After nat-output's DNAT, so only packets that were not DNATed are checked.
+    chain(
+        "filter-output-post-dnat",
+        base("filter", "output", -90),
+        vec![format!("{new} jump cluster-ips-check")],
+    );
+    chain(
+        "nat-prerouting",
+        base("nat", "prerouting", -100),
+        vec!["jump services".into()],
+    );
+    chain(
+        "nat-output",
+        base("nat", "output", -100),
+        vec!["jump services".into()],
+    );
+    chain(
+        "nat-postrouting",
+        base("nat", "postrouting", 100),
+        vec!["jump masquerading".into()],
+    );
+    chain(
+        "services",
+        None,
+        vec![
+            format!(
+                "{} daddr . meta l4proto . th dport vmap @{MAP_SERVICE_IPS}",
+                w.fam
+            ),
+            format!(
+                "{} meta l4proto . th dport vmap @{MAP_SERVICE_NODEPORTS}",
+                nodeport_match(node, family)
+            ),
+        ],
+    );
+    chain(
+        "cluster-ips-check",
+        None,
+        vec![
+            format!("{} daddr @{SET_CLUSTER_IPS} reject", w.fam),
+            format!("{} daddr @{SET_SERVICE_CIDRS} drop", w.fam),
+        ],
+    );
+    chain(
+        "service-endpoints-check",
+        None,
+        vec![format!(
+            "{} daddr . meta l4proto . th dport vmap @{MAP_NO_ENDPOINT_SERVICES}",
+            w.fam
+        )],
+    );
+    chain(
+        "nodeport-endpoints-check",
+        None,
+        vec![format!(
+            "{} meta l4proto . th dport vmap @{MAP_NO_ENDPOINT_NODEPORTS}",
+            nodeport_match(node, family)
+        )],
+    );
+    chain("reject-chain", None, vec!["reject".into()]);
+    chain(
+        "mark-for-masquerade",
+        None,
+        vec![format!("meta mark set meta mark | {mark:#010x}")],
+    );
+    chain(
+        "masquerading",
+        None,
+        vec![
+            format!(
+                "ct status dnat {f} saddr . {f} daddr @{SET_HAIRPIN} meta mark set meta mark | {mark:#010x}",
+                f = w.fam
+            ),
+            format!("meta mark & {mark:#010x} == 0 return"),
+            format!("meta mark set meta mark ^ {mark:#010x}"),
+            "masquerade fully-random".into(),
+        ],
+    );
+    t
+}
+
+/// Which kind of load-balancing chain a front end jumps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LbKind {
+    Cluster,
+    External,
+    ExternalLocal,
+    NodePort,
+    NodePortLocal,
+}
+
+impl LbKind {
+    pub fn chain(self, n: usize) -> String {
+        let kind = match self {
+            LbKind::Cluster => "cluster",
+            LbKind::External => "external",
+            LbKind::ExternalLocal => "external-local",
+            LbKind::NodePort => "nodeport",
+            LbKind::NodePortLocal => "nodeport-local",
+        };
+        format!("{kind}-{n}")
+    }
+}
+
+/// The load-balancing chain of `kind` for front ends with `n` endpoints.
+pub fn lb_chain(node: &NodeConfig, family: IpFamily, kind: LbKind, n: usize) -> Chain {
+    let f = words(family).fam;
+    let mut rules = Vec::new();
+    match kind {
+        LbKind::Cluster => rules.extend(masquerade_rule(node, family)),
+        LbKind::External | LbKind::NodePort => rules.push("jump mark-for-masquerade".into()),
+        // Local policy keeps the client address: no masquerade.
+        LbKind::ExternalLocal | LbKind::NodePortLocal => {}
+    }
+    let dnat = match kind {
+        LbKind::NodePort | LbKind::NodePortLocal => format!(
+            "dnat {f} to meta l4proto . th dport . numgen random mod {n} map @{MAP_NODEPORT_BACKENDS}"
+        ),
+        _ => format!(
+            "dnat {f} to {f} daddr . meta l4proto . th dport . numgen random mod {n} map @{MAP_BACKENDS}"
+        ),
+    };
+    rules.push(dnat);
+    Chain::new(None, rules)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn cidrs_are_made_disjoint_per_family() {
+        let nets: Vec<IpNetwork> = [
+            "10.0.0.0/8",
+            "10.1.0.0/16",
+            "192.168.0.2/32",
+            "fd00::/64",
+            "10.0.0.0/8",
+        ]
+        .iter()
+        .map(|n| n.parse().unwrap())
+        .collect();
+        let v4: Vec<String> = disjoint_cidrs(&nets, IpFamily::V4)
+            .iter()
+            .map(cidr_text)
+            .collect();
+        assert_eq!(v4, s(&["10.0.0.0/8", "192.168.0.2"]));
+        let v6: Vec<String> = disjoint_cidrs(&nets, IpFamily::V6)
+            .iter()
+            .map(cidr_text)
+            .collect();
+        assert_eq!(v6, s(&["fd00::/64"]));
+    }
+}
