@@ -307,8 +307,8 @@ impl Agent {
         }
         let changes = std::mem::take(&mut self.unsynced);
         for (_, c) in &changes.endpoints {
-            if let Some(t) = c.trigger_time {
-                if let Ok(d) = now.duration_since(t) {
+            for t in &c.trigger_times {
+                if let Ok(d) = now.duration_since(*t) {
                     self.metrics.network_programming.observe(d.as_secs_f64());
                 }
             }

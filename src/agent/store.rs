@@ -90,8 +90,9 @@ pub struct Change<T> {
     pub current: T,
     /// When the first event of this change arrived.
     pub first_event: Instant,
-    /// The newest trigger-time annotation among the slices that made this change.
-    pub trigger_time: Option<SystemTime>,
+    /// The trigger-time annotations of the slice updates that made this change, one per
+    /// update, each observed as network programming latency (as kube-proxy does).
+    pub trigger_times: Vec<SystemTime>,
 }
 
 /// Endpoints of one service, per service port.
@@ -149,6 +150,8 @@ pub struct Store {
     service_changes: HashMap<ObjectKey, Change<Vec<ServicePort>>>,
     endpoint_changes: HashMap<ObjectKey, Change<ServiceEndpoints>>,
     node_changed: bool,
+    /// When this store was made; older trigger times are not this process's latency.
+    started: SystemTime,
 }
 
 impl Store {
@@ -173,6 +176,7 @@ impl Store {
             service_changes: HashMap::new(),
             endpoint_changes: HashMap::new(),
             node_changed: true,
+            started: SystemTime::now(),
         };
         store.refresh_node();
         store
@@ -418,7 +422,14 @@ impl Store {
                 .services
                 .insert((p.name.clone(), p.family), p.clone());
         }
-        track(&mut self.service_changes, key, old, ports, now, None);
+        track(
+            &mut self.service_changes,
+            key,
+            old,
+            ports,
+            now,
+            Trigger::None,
+        );
         Recorded {
             service_events: 1,
             endpoint_events: 0,
@@ -428,16 +439,19 @@ impl Store {
     fn set_slice(&mut self, key: ObjectKey, entry: Option<SliceEntry>, now: Instant) -> Recorded {
         let old_service = self.slices.get(&key).map(|e| e.service.clone());
         let new_service = entry.as_ref().map(|e| e.service.clone());
-        let trigger_time = entry.as_ref().and_then(|e| e.trigger_time);
+        // Times from before this process started would count the agent's own start-up, and a
+        // deletion's annotation is the time of the last update, not of the deletion.
+        let trigger = match entry.as_ref().map(|e| e.trigger_time) {
+            None => Trigger::Reset,
+            Some(Some(t)) if t > self.started => Trigger::At(t),
+            Some(_) => Trigger::None,
+        };
         let unchanged = match (self.slices.get(&key), &entry) {
             (Some(a), Some(b)) => a.service == b.service && a.endpoints == b.endpoints,
             (None, None) => true,
             _ => false,
         };
         if unchanged {
-            if let (Some(e), Some(t)) = (self.slices.get_mut(&key), trigger_time) {
-                e.trigger_time = Some(t);
-            }
             return Recorded::default();
         }
         let affected: BTreeSet<ObjectKey> = old_service
@@ -481,7 +495,7 @@ impl Store {
             for (name, eps) in &new {
                 self.snapshot.endpoints.insert(name.clone(), eps.clone());
             }
-            track(&mut self.endpoint_changes, svc, old, new, now, trigger_time);
+            track(&mut self.endpoint_changes, svc, old, new, now, trigger);
             rec.endpoint_events += 1;
         }
         rec
@@ -534,38 +548,44 @@ fn add(into: &mut Recorded, r: Recorded) {
     into.endpoint_events += r.endpoint_events;
 }
 
+/// What a change says about network programming latency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trigger {
+    None,
+    At(SystemTime),
+    /// Forget the times collected so far (a slice was deleted).
+    Reset,
+}
+
 /// Record a change, merging it into a pending one; a change that ends where it started is
-/// dropped, as kube-proxy's trackers do.
+/// dropped with its trigger times, as kube-proxy's trackers do.
 fn track<T: PartialEq>(
     pending: &mut HashMap<ObjectKey, Change<T>>,
     key: ObjectKey,
     previous: T,
     current: T,
     now: Instant,
-    trigger_time: Option<SystemTime>,
+    trigger: Trigger,
 ) {
-    match pending.remove(&key) {
+    let mut c = match pending.remove(&key) {
         Some(mut c) => {
             c.current = current;
-            c.trigger_time = match (c.trigger_time, trigger_time) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
-            if c.previous != c.current {
-                pending.insert(key, c);
-            }
+            c
         }
-        None => {
-            pending.insert(
-                key,
-                Change {
-                    previous,
-                    current,
-                    first_event: now,
-                    trigger_time,
-                },
-            );
-        }
+        None => Change {
+            previous,
+            current,
+            first_event: now,
+            trigger_times: Vec::new(),
+        },
+    };
+    match trigger {
+        Trigger::None => {}
+        Trigger::At(t) => c.trigger_times.push(t),
+        Trigger::Reset => c.trigger_times.clear(),
+    }
+    if c.previous != c.current {
+        pending.insert(key, c);
     }
 }
 

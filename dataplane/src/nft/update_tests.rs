@@ -3,7 +3,7 @@
 //! in-memory kernel, the same result from the patch as from the whole diff.
 
 use super::exec::FakeNft;
-use super::layout::{self, layout, update};
+use super::layout::{layout, update};
 use super::state::Ruleset;
 use super::transaction::{apply, diff, patch};
 use super::NftBackend;

@@ -160,8 +160,9 @@ fn an_invalid_update_keeps_the_last_valid_version_and_is_counted() {
 }
 
 #[test]
-fn the_newest_trigger_time_is_kept_and_endpoints_without_change_do_not_count() {
+fn every_trigger_time_is_kept_and_endpoints_without_change_do_not_count() {
     let mut st = store();
+    st.started = parse_rfc3339("2026-12-02T09:00:00Z").unwrap();
     let t = Instant::now();
     st.apply(
         slice("web-a", "web", &["10.1.0.1"], Some("2026-12-02T10:00:00Z")),
@@ -176,14 +177,47 @@ fn the_newest_trigger_time_is_kept_and_endpoints_without_change_do_not_count() {
         ),
         t,
     );
+    // From before the agent started: its own start-up, not programming latency.
+    st.apply(
+        slice("web-a", "web", &["10.1.0.3"], Some("2026-12-02T08:00:00Z")),
+        t,
+    );
     let changes = st.take_changes();
-    let want = parse_rfc3339("2026-12-02T10:00:03.5Z").unwrap();
-    assert_eq!(changes.endpoints[0].1.trigger_time, Some(want));
+    let want: Vec<SystemTime> = ["2026-12-02T10:00:00Z", "2026-12-02T10:00:03.5Z"]
+        .iter()
+        .map(|s| parse_rfc3339(s).unwrap())
+        .collect();
+    assert_eq!(changes.endpoints[0].1.trigger_times, want);
     let rec = st.apply(
-        slice("web-a", "web", &["10.1.0.2"], Some("2026-12-02T10:00:09Z")),
+        slice("web-a", "web", &["10.1.0.3"], Some("2026-12-02T10:00:09Z")),
         t,
     );
     assert_eq!(rec.endpoint_events, 0);
+    assert!(!st.has_pending());
+}
+
+#[test]
+fn a_deleted_slice_forgets_the_trigger_times_of_its_service() {
+    let mut st = store();
+    st.started = parse_rfc3339("2026-12-02T09:00:00Z").unwrap();
+    let t = Instant::now();
+    st.apply(slice("web-a", "web", &["10.1.0.1"], None), t);
+    st.apply(
+        slice("web-b", "web", &["10.1.0.2"], Some("2026-12-02T10:00:00Z")),
+        t,
+    );
+    st.take_changes();
+    st.apply(
+        slice("web-b", "web", &["10.1.0.3"], Some("2026-12-02T10:00:05Z")),
+        t,
+    );
+    st.apply(
+        SourceEvent::Delete(Kind::EndpointSlice, ("ns".into(), "web-b".into())),
+        t,
+    );
+    let changes = st.take_changes();
+    assert_eq!(changes.endpoints.len(), 1);
+    assert!(changes.endpoints[0].1.trigger_times.is_empty());
 }
 
 #[test]
