@@ -1,9 +1,12 @@
 //! Incremental re-programming with real packets: endpoint changes take effect on the next
-//! `switchyard sync --once`, and established connections survive a re-sync.
+//! `switchyard sync --once` or `switchyard run` (from manifests or the fixture API server),
+//! and established connections survive re-syncs, API server outages and agent restarts.
 //! Needs root; prints SKIP otherwise (fails if SWITCHYARD_REQUIRE_NETNS=1).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+#[allow(dead_code)] // each test binary uses part of the fixture
+mod apiserver;
 mod rig;
 
 use std::io::{BufRead, Write};
@@ -201,8 +204,24 @@ struct AgentProcess {
 }
 
 impl AgentProcess {
+    /// Watching the manifests the rig writes.
     fn start(rig: &Rig, dir: &std::path::Path, n: usize) -> AgentProcess {
-        let (config, manifests) = rig.write_state(dir);
+        let (_, manifests) = rig.write_state(dir);
+        Self::start_with(
+            rig,
+            dir,
+            n,
+            &["--manifests".as_ref(), manifests.as_os_str()],
+        )
+    }
+
+    fn start_with(
+        rig: &Rig,
+        dir: &std::path::Path,
+        n: usize,
+        source: &[&std::ffi::OsStr],
+    ) -> AgentProcess {
+        let (config, _) = rig.write_state(dir);
         let log = dir.join(format!("agent-{n}.log"));
         let child = std::process::Command::new("ip")
             .args([
@@ -214,8 +233,7 @@ impl AgentProcess {
             ])
             .arg("--config")
             .arg(&config)
-            .arg("--manifests")
-            .arg(&manifests)
+            .args(source)
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log).expect("agent log"))
             .spawn()
@@ -366,4 +384,190 @@ fn agent_follows_changes_and_restarts_without_failing_a_connection() {
         &agent,
         "the deleted service",
     );
+}
+
+/// Opens new connections to `flow` in a loop until `stop`; returns how many were tried and
+/// the failures.
+fn probe_until(
+    rig: &Rig,
+    flow: &Flow,
+    stop: &std::sync::atomic::AtomicBool,
+) -> (usize, Vec<String>) {
+    let mut bad = Vec::new();
+    let mut n = 0;
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        n += 1;
+        match rig.probe_once(flow) {
+            Outcome::Reply { .. } => {}
+            other => bad.push(format!("connection {n}: {other}")),
+        }
+    }
+    (n, bad)
+}
+
+/// Make the fixture API server hold the rig's current state: apply every object, delete
+/// the Services and EndpointSlices it no longer has.
+fn publish(
+    api: &apiserver::ApiServer,
+    rig: &Rig,
+    before: &[serde_json::Value],
+) -> Vec<serde_json::Value> {
+    let now = rig.objects();
+    let id = |o: &serde_json::Value| {
+        (
+            o["kind"].as_str().unwrap_or("").to_string(),
+            o["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+            o["metadata"]["name"].as_str().unwrap_or("").to_string(),
+        )
+    };
+    let keep: std::collections::BTreeSet<_> = now.iter().map(id).collect();
+    for o in before {
+        let (kind, ns, name) = id(o);
+        if !keep.contains(&(kind.clone(), ns.clone(), name.clone())) {
+            api.delete(&kind, &ns, &name);
+        }
+    }
+    for o in &now {
+        api.apply(o.clone());
+    }
+    now
+}
+
+#[test]
+fn agent_on_the_api_server_keeps_traffic_flowing_through_outages_and_restarts() {
+    let s = scenario();
+    let Some(mut rig) = Rig::build(
+        "agent_on_the_api_server_keeps_traffic_flowing_through_outages_and_restarts",
+        &s,
+        options(ResponderMode::Echo),
+    ) else {
+        return;
+    };
+    // The API server listens inside the node namespace, which is the rig's own: a fixed
+    // port cannot collide with another test, and it can rebind it after an outage.
+    let node_ns = rig.node_ns.clone();
+    let api = apiserver::ApiServer::start(move || {
+        rig::netns::in_netns(&node_ns, || std::net::TcpListener::bind("127.0.0.1:6443"))
+            .expect("binding the fixture API server in the node namespace")
+    });
+    let mut published = publish(&api, &rig, &[]);
+    let dir = rig.workdir().join("agent-api");
+    std::fs::create_dir_all(&dir).expect("agent dir");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig()).expect("kubeconfig");
+    let source = ["--kubeconfig".as_ref(), kubeconfig.as_os_str()];
+    let mut agent = AgentProcess::start_with(&rig, &dir, 0, &source);
+    wait_flows(&rig, &s.flows, &agent, "the first sync from the API server");
+
+    // Scale web: A goes, C comes, through the watch.
+    rig.set_state(s.services.clone(), changed_slices(&s));
+    published = publish(&api, &rig, &published);
+    let chat = s.flows[1].clone();
+    wait_flows(
+        &rig,
+        &[web_after(), chat.clone()],
+        &agent,
+        "the scaled endpoints",
+    );
+
+    // The API server goes away for 10 s. An established connection and new connections to
+    // existing services keep working; a change made meanwhile applies once it is back.
+    let (mut conn, _) = rig
+        .connect(&chat)
+        .unwrap_or_else(|o| panic!("connecting to chat before the outage: {o}"));
+    let mut echo = |msg: &str| -> String {
+        let mut line = String::new();
+        if let Err(e) = conn.get_mut().write_all(msg.as_bytes()) {
+            return format!("write failed: {e}");
+        }
+        match conn.read_line(&mut line) {
+            Ok(_) => line,
+            Err(e) => format!("read failed: {e}"),
+        }
+    };
+    assert_eq!(echo("before the outage\n"), "before the outage\n");
+    api.stop();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (n, bad) = std::thread::scope(|scope| {
+        let prober = scope.spawn(|| probe_until(&rig, &chat, &stop));
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        prober.join().expect("prober thread")
+    });
+    assert!(n > 5, "only {n} connections were tried during the outage");
+    assert!(
+        bad.is_empty(),
+        "{} of {n} connections failed during the outage: {bad:?}\n{}",
+        bad.len(),
+        agent.log()
+    );
+    assert_eq!(
+        echo("after the outage\n"),
+        "after the outage\n",
+        "the established connection must survive the outage"
+    );
+    // Changed while the server was down: web goes back to {A, B}.
+    rig.set_state(s.services.clone(), s.endpoint_slices.clone());
+    published = publish(&api, &rig, &published);
+    wait_flows(
+        &rig,
+        &[web_after(), chat.clone()],
+        &agent,
+        "the old rules during the outage",
+    );
+    api.resume();
+    wait_flows(&rig, &s.flows, &agent, "the change made during the outage");
+
+    // kill -9 and start again while a client opens new connections: none may fail.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (n, bad) = std::thread::scope(|scope| {
+        let prober = scope.spawn(|| probe_until(&rig, &chat, &stop));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        agent.kill9();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let restarted = AgentProcess::start_with(&rig, &dir, 1, &source);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        while !restarted.log().contains("full sync") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "restarted agent never synced\n{}",
+                restarted.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        agent = restarted;
+        prober.join().expect("prober thread")
+    });
+    assert!(n > 5, "only {n} connections were tried across the restart");
+    assert!(
+        bad.is_empty(),
+        "{} of {n} connections failed across the restart: {bad:?}",
+        bad.len()
+    );
+    wait_flows(&rig, &s.flows, &agent, "after the restart");
+
+    // Delete web: an unallocated cluster IP inside the service CIDR is dropped.
+    let services: Vec<_> = s
+        .services
+        .iter()
+        .filter(|x| x.name != "web")
+        .cloned()
+        .collect();
+    let slices: Vec<_> = s
+        .endpoint_slices
+        .iter()
+        .filter(|x| x.service != "web")
+        .cloned()
+        .collect();
+    rig.set_state(services, slices);
+    publish(&api, &rig, &published);
+    let mut deleted = s.flows[0].clone();
+    deleted.name = "pod to web (deleted)".into();
+    deleted.expect = Expect::verdict(rig::cases::Verdict::Drop);
+    wait_flows(&rig, &[deleted, chat], &agent, "the deleted service");
 }

@@ -680,6 +680,15 @@ impl Rig {
         (config, manifests)
     }
 
+    /// The current state as API objects (Node, ServiceCIDRs, Services, EndpointSlices).
+    pub fn objects(&self) -> Vec<serde_json::Value> {
+        manifests::objects(
+            &self.scenario.node,
+            &self.scenario.services,
+            &self.scenario.endpoint_slices,
+        )
+    }
+
     /// A directory of the rig's own, removed with it.
     pub fn workdir(&self) -> &std::path::Path {
         self.workdir.path()
