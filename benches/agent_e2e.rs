@@ -14,7 +14,10 @@ mod netns;
 
 #[path = "../tests/apiserver/mod.rs"]
 mod apiserver;
+#[path = "../tests/rig/exposition.rs"]
+mod exposition;
 
+use exposition::{buckets, quantile, value};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -60,52 +63,6 @@ fn scrape(ns: &str) -> String {
         Ok(out)
     })
     .unwrap_or_default()
-}
-
-fn value(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-}
-
-/// (upper bound, cumulative count) of a histogram.
-fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
-    let prefix = format!("{name}_bucket{{le=\"");
-    text.lines()
-        .filter_map(|l| l.strip_prefix(&prefix))
-        .filter_map(|rest| {
-            let (le, count) = rest.split_once("\"} ")?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((le, count.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-/// Quantile by linear interpolation inside the bucket, as Prometheus does.
-fn quantile(b: &[(f64, f64)], q: f64) -> f64 {
-    let total = b.last().map(|x| x.1).unwrap_or(0.0);
-    let rank = q * total;
-    let mut prev = (0.0, 0.0);
-    for &(le, c) in b {
-        if c >= rank {
-            if le.is_infinite() {
-                return prev.0;
-            }
-            let frac = if c > prev.1 {
-                (rank - prev.1) / (c - prev.1)
-            } else {
-                0.0
-            };
-            return prev.0 + (le - prev.0) * frac;
-        }
-        prev = (le, c);
-    }
-    prev.0
 }
 
 fn cpu_seconds(pid: u32) -> f64 {
@@ -211,10 +168,20 @@ fn main() {
         .zip(b0.iter().map(|x| x.1).chain(std::iter::repeat(0.0)))
         .map(|((le, c), c0)| (le, c - c0))
         .collect();
-    let syncs = value(&after, "kubeproxy_sync_proxy_rules_duration_seconds_count").unwrap_or(0.0)
-        - value(&before, "kubeproxy_sync_proxy_rules_duration_seconds_count").unwrap_or(0.0);
-    let sync_sum = value(&after, "kubeproxy_sync_proxy_rules_duration_seconds_sum").unwrap_or(0.0)
-        - value(&before, "kubeproxy_sync_proxy_rules_duration_seconds_sum").unwrap_or(0.0);
+    let delta =
+        |name: &str| value(&after, name).unwrap_or(0.0) - value(&before, name).unwrap_or(0.0);
+    let mean_ms = |kind: &str| {
+        let n = delta(&format!(
+            "kubeproxy_sync_{kind}proxy_rules_duration_seconds_count"
+        ));
+        let sum = delta(&format!(
+            "kubeproxy_sync_{kind}proxy_rules_duration_seconds_sum"
+        ));
+        (n, if n > 0.0 { sum / n * 1000.0 } else { 0.0 })
+    };
+    let (syncs, mean) = mean_ms("");
+    let (full, full_mean) = mean_ms("full_");
+    let (partial, partial_mean) = mean_ms("partial_");
     println!(
         "agent_e2e: {services} services x 10 endpoints, {rate} endpoint changes/s for {:.1} s, minSyncPeriod {min_sync}",
         elapsed.as_secs_f64()
@@ -230,12 +197,7 @@ fn main() {
         b1.last().map(|x| x.1).unwrap_or(0.0)
     );
     println!(
-        "  syncs: {syncs}, mean {:.1} ms; agent CPU {:.1}% of one core",
-        if syncs > 0.0 {
-            sync_sum / syncs * 1000.0
-        } else {
-            0.0
-        },
+        "  syncs: {syncs}, mean {mean:.1} ms ({partial} partial, mean {partial_mean:.1} ms; {full} full, mean {full_mean:.1} ms); agent CPU {:.1}% of one core",
         cpu / elapsed.as_secs_f64() * 100.0
     );
 }

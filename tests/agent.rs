@@ -8,6 +8,9 @@
 #[path = "rig/netns.rs"]
 mod netns;
 
+#[path = "rig/exposition.rs"]
+mod exposition;
+
 mod apiserver;
 
 use std::io::{Read, Write};
@@ -177,10 +180,7 @@ impl Agent {
     }
 
     fn metric(&self, text: &str, name: &str) -> f64 {
-        text.lines()
-            .find(|l| l.split_whitespace().next() == Some(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
+        exposition::value(text, name)
             .unwrap_or_else(|| panic!("metric {name} missing from\n{text}"))
     }
 

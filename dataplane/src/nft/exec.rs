@@ -1,6 +1,7 @@
 //! The only I/O of the nftables backend: running `nft`, behind a trait with a fake twin.
 
 use super::listing::{parse_table, ListingError};
+use super::netlink::{NetlinkError, Reader};
 use super::state::{family_name, Ruleset, TABLE};
 use super::transaction::{apply, Transaction};
 use crate::model::IpFamily;
@@ -24,6 +25,8 @@ pub enum NftError {
     },
     #[error(transparent)]
     Listing(#[from] ListingError),
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
     #[error("fake nft refused the transaction: {0}")]
     Fake(String),
 }
@@ -80,8 +83,10 @@ impl NftCommand {
     }
 }
 
-impl NftExecutor for NftCommand {
-    fn read(&mut self) -> Result<Ruleset, NftError> {
+impl NftCommand {
+    /// Our tables as `nft -j list table` shows them: the slow reference reader, kept to
+    /// check the netlink one against.
+    pub fn read_json(&mut self) -> Result<Ruleset, NftError> {
         let mut rs = Ruleset::default();
         for family in IpFamily::ALL {
             let fam = family_name(family);
@@ -96,6 +101,19 @@ impl NftExecutor for NftCommand {
                 });
             }
             rs.tables.insert(family, parse_table(&stdout)?);
+        }
+        Ok(rs)
+    }
+}
+
+impl NftExecutor for NftCommand {
+    fn read(&mut self) -> Result<Ruleset, NftError> {
+        let mut reader = Reader::open()?;
+        let mut rs = Ruleset::default();
+        for family in IpFamily::ALL {
+            if let Some(t) = reader.table(family)? {
+                rs.tables.insert(family, t);
+            }
         }
         Ok(rs)
     }

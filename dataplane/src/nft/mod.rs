@@ -3,6 +3,7 @@
 pub mod exec;
 pub mod layout;
 pub mod listing;
+pub mod netlink;
 pub mod ownership;
 pub mod skeleton;
 pub mod state;

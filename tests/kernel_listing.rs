@@ -1,0 +1,139 @@
+//! The netlink reader against nft's own JSON listing, on a real kernel: a table with every
+//! kind of element the layout writes (concatenated keys, verdicts, backend slots, interval
+//! sets, IPv6) must read back identically both ways, and equal to what was written.
+//! Needs root; prints SKIP otherwise (fails if SWITCHYARD_REQUIRE_NETNS=1).
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+#[path = "rig/netns.rs"]
+#[allow(dead_code)]
+mod netns;
+
+use dataplane::model::*;
+use dataplane::nft::exec::{NftCommand, NftExecutor};
+use dataplane::nft::layout;
+use dataplane::nft::state::Ruleset;
+use dataplane::nft::transaction::diff;
+use dataplane::nft::NftBackend;
+use std::net::IpAddr;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// Every front-end kind, both families, sets with prefixes, hosts and ranges.
+fn snapshot() -> Snapshot {
+    let mut s = dataplane::synth::cluster(30, 3);
+    s.node.service_cidrs = vec![
+        "172.16.0.0/12".parse().unwrap(),
+        "192.168.7.5/32".parse().unwrap(),
+        "fd00:30::/108".parse().unwrap(),
+    ];
+    s.node.node_port_addresses = NodePortAddresses::Cidrs(vec![
+        "192.168.0.2/32".parse().unwrap(),
+        "192.168.9.0/24".parse().unwrap(),
+        "2001:db8::1/128".parse().unwrap(),
+    ]);
+    let name = ServicePortName::new("bench", "svc-3", "http", Protocol::Tcp);
+    let svc = s.services.get_mut(&(name.clone(), IpFamily::V4)).unwrap();
+    svc.node_port = 30080;
+    svc.external_ips = vec![ip("192.168.99.11")];
+    svc.load_balancer_ips = vec![ip("203.0.113.7")];
+    let udp = ServicePortName::new("bench", "dns", "dns", Protocol::Udp);
+    let mut dns = ServicePort::cluster(udp.clone(), ip("172.16.0.53"), 53);
+    dns.node_port = 30053;
+    dns.external_traffic_policy = TrafficPolicy::Local;
+    s.services.insert((udp.clone(), IpFamily::V4), dns);
+    s.endpoints.insert(
+        udp,
+        vec![Endpoint {
+            node_name: Some(s.node.name.clone()),
+            ..Endpoint::ready(ip("10.9.0.53"), 5353)
+        }],
+    );
+    let v6 = ServicePortName::new("bench", "web6", "https", Protocol::Tcp);
+    let mut web6 = ServicePort::cluster(v6.clone(), ip("fd00:30::10"), 443);
+    web6.family = IpFamily::V6;
+    web6.node_port = 30443;
+    s.services.insert((v6.clone(), IpFamily::V6), web6);
+    s.endpoints.insert(
+        v6,
+        vec![
+            Endpoint::ready(ip("fd10::1"), 8443),
+            Endpoint::ready(ip("fd10::2:0:1"), 8443),
+        ],
+    );
+    // A service without endpoints: no-endpoint verdicts.
+    let empty = ServicePortName::new("bench", "empty", "", Protocol::Tcp);
+    let mut e = ServicePort::cluster(empty.clone(), ip("172.16.0.99"), 81);
+    e.node_port = 30081;
+    s.services.insert((empty, IpFamily::V4), e);
+    s
+}
+
+#[test]
+fn netlink_reads_what_nft_lists_and_what_was_written() {
+    let ns = format!("{}listing", netns::unique_prefix());
+    if let Err(e) = netns::create_namespace(&ns) {
+        assert!(
+            std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
+            "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
+        );
+        println!("SKIP: needs root and network namespaces: {e}");
+        return;
+    }
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            netns::delete_namespace(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(ns.clone());
+    let snap = snapshot();
+    let (via_netlink, via_json, empty) = netns::in_netns(&ns, || {
+        let mut nft = NftCommand::default();
+        let empty = nft.read().expect("netlink read of an empty kernel");
+        nft.apply(&NftBackend::<NftCommand>::render(&snap))
+            .expect("programming the table");
+        let netlink = nft.read().expect("netlink read");
+        let json = nft.read_json().expect("nft -j list");
+        Ok((netlink, json, empty))
+    })
+    .expect("in the namespace");
+    assert_eq!(empty, Ruleset::default(), "no tables yet");
+    assert_eq!(via_netlink.tables.len(), 2);
+    for family in IpFamily::ALL {
+        let (n, j) = (
+            via_netlink.table(family).unwrap(),
+            via_json.table(family).unwrap(),
+        );
+        for (name, set) in &j.sets {
+            assert_eq!(n.sets.get(name), Some(set), "{family} set {name}");
+        }
+        assert_eq!(n.sets.len(), j.sets.len(), "{family} sets");
+        assert_eq!(n.chains.len(), j.chains.len(), "{family} chains");
+        for (name, c) in &j.chains {
+            let got = &n.chains[name];
+            assert_eq!(
+                (got.hook.is_some(), got.rules.len(), &got.fingerprint),
+                (c.hook.is_some(), c.rules.len(), &c.fingerprint),
+                "{family} chain {name}"
+            );
+        }
+    }
+    // And it is what was written: nothing to do against the desired state.
+    let (want, _) = layout::desired(&snap, &Ruleset::default());
+    let tx = diff(&via_netlink, &want, false);
+    assert!(
+        tx.is_empty(),
+        "read back differs from written:\n{}",
+        tx.to_nft()
+    );
+    let v4 = via_netlink.table(IpFamily::V4).unwrap();
+    assert!(v4.sets[layout::SET_SERVICE_CIDRS]
+        .elements
+        .contains_key("172.16.0.0/12"));
+    assert!(v4.sets[layout::MAP_NODEPORT_BACKENDS]
+        .elements
+        .contains_key("udp . 30053 . 0"));
+}
