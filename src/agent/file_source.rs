@@ -2,7 +2,7 @@
 //! the set of files changes, read everything again and report each kind's complete set.
 //! A file that fails to parse is reported and the previous objects stay in effect.
 
-use super::store::{Kind, SourceEvent};
+use super::store::{Arrival, Kind, SourceEvent};
 use crate::manifests::{self, ManifestError, Manifests, Object};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -74,7 +74,7 @@ pub fn initial(path: &Path) -> Result<Vec<SourceEvent>, ManifestError> {
 }
 
 /// Watch `path` until the receiver goes away. `initial` must have been read already.
-pub async fn watch(path: PathBuf, tx: mpsc::Sender<SourceEvent>) {
+pub async fn watch(path: PathBuf, tx: mpsc::Sender<Arrival>) {
     let mut last = stamp(&path);
     let mut last_error: Option<String> = None;
     loop {
@@ -91,7 +91,7 @@ pub async fn watch(path: PathBuf, tx: mpsc::Sender<SourceEvent>) {
                 last_error = None;
                 tracing::info!("{}: manifests changed", path.display());
                 for ev in replace_all(m) {
-                    if tx.send(ev).await.is_err() {
+                    if tx.send(Arrival::now(ev)).await.is_err() {
                         return;
                     }
                 }

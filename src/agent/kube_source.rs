@@ -4,7 +4,7 @@
 //! complete set, so objects deleted during an outage disappear when the watch comes back.
 
 use super::metrics::Metrics;
-use super::store::{object_key, Kind, SourceEvent};
+use super::store::{object_key, Arrival, Kind, SourceEvent};
 use crate::manifests::Object;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -76,7 +76,7 @@ pub async fn client(conn: &Connection) -> Result<Client, ConnectError> {
 }
 
 /// Start one watcher per kind; they run until the receiver goes away.
-pub fn spawn(client: Client, node_name: &str, tx: mpsc::Sender<SourceEvent>, metrics: Metrics) {
+pub fn spawn(client: Client, node_name: &str, tx: mpsc::Sender<Arrival>, metrics: Metrics) {
     let services: Api<Service> = Api::all(client.clone());
     let slices: Api<EndpointSlice> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
@@ -123,7 +123,7 @@ async fn run<K>(
     kind: Kind,
     api: Api<K>,
     cfg: watcher::Config,
-    tx: mpsc::Sender<SourceEvent>,
+    tx: mpsc::Sender<Arrival>,
     metrics: Metrics,
     wrap: fn(K) -> Object,
 ) where
@@ -166,7 +166,7 @@ async fn run<K>(
                     tracing::info!("ServiceCIDR: not served by this API server; none used");
                     listed = true;
                     if tx
-                        .send(SourceEvent::Replace(kind, Vec::new()))
+                        .send(Arrival::now(SourceEvent::Replace(kind, Vec::new())))
                         .await
                         .is_err()
                     {
@@ -179,7 +179,7 @@ async fn run<K>(
                 continue;
             }
         };
-        if tx.send(event).await.is_err() {
+        if tx.send(Arrival::now(event)).await.is_err() {
             return;
         }
     }

@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
-use store::{Changes, SourceEvent, Store};
+use store::{Arrival, Changes, Store};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
@@ -100,7 +100,7 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
         ));
     }
 
-    let (tx, mut rx) = mpsc::channel::<SourceEvent>(4096);
+    let (tx, mut rx) = mpsc::channel::<Arrival>(4096);
     let source_name = match source {
         Source::Kube(conn) => {
             let client = kube_source::client(&conn).await?;
@@ -110,7 +110,7 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
         Source::Files(path) => {
             for ev in file_source::initial(&path)? {
                 // The channel is fresh and larger than four events.
-                let _ = tx.try_send(ev);
+                let _ = tx.try_send(Arrival::now(ev));
             }
             tokio::spawn(file_source::watch(path, tx));
             "manifest"
@@ -207,8 +207,8 @@ impl Agent {
         self.health.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn record(&mut self, ev: SourceEvent) {
-        let rec = self.store.apply(ev, Instant::now());
+    fn record(&mut self, arrival: Arrival) {
+        let rec = self.store.apply(arrival.event, arrival.at);
         self.metrics
             .service_changes_total
             .inc_by(rec.service_events as u64);

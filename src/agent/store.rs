@@ -46,6 +46,23 @@ impl Kind {
     }
 }
 
+/// A source event and when the source received it: latency is measured from here, so time
+/// spent queued behind a running sync counts.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub event: SourceEvent,
+    pub at: Instant,
+}
+
+impl Arrival {
+    pub fn now(event: SourceEvent) -> Arrival {
+        Arrival {
+            event,
+            at: Instant::now(),
+        }
+    }
+}
+
 /// What a source reports.
 #[derive(Debug, Clone)]
 pub enum SourceEvent {

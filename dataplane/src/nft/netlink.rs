@@ -29,6 +29,8 @@ const NLM_F_DUMP_INTR: u16 = 0x10;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 
+const RECV_BUFFER: usize = 1 << 16;
+
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 
@@ -190,7 +192,13 @@ impl Reader {
         let mut out = Vec::new();
         let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
         loop {
-            let (datagram, _) = self.socket.recv_from_full().map_err(NetlinkError::Socket)?;
+            // A large buffer matters: the kernel sizes each dump batch by the largest read
+            // seen (up to 32 KiB), and every batch of a hash set's dump walks the set from
+            // the start, so small reads make a 100k-element dump quadratic and take seconds.
+            let mut datagram: Vec<u8> = Vec::with_capacity(RECV_BUFFER);
+            self.socket
+                .recv(&mut datagram, 0)
+                .map_err(NetlinkError::Socket)?;
             let mut rest = datagram.as_slice();
             while rest.len() >= 16 {
                 let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
