@@ -296,6 +296,11 @@ fn run_programs_follows_edits_repairs_drift_and_reports() {
         agent.metric(&text, "switchyard_drift_repairs_total") >= 1.0,
         "{text}"
     );
+    // The deletion was found by the periodic check that reads the kernel in the background.
+    assert!(
+        agent.metric(&text, "switchyard_kernel_check_duration_seconds_count") >= 1.0,
+        "{text}"
+    );
     assert!(agent.metric(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_total") >= 3.0);
     assert_eq!(
         agent.metric(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_pending"),

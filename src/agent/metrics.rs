@@ -26,6 +26,7 @@ pub struct Metrics {
     pub objects_invalid: IntGaugeVec,
     pub kernel_operations: Histogram,
     pub event_to_kernel: Histogram,
+    pub kernel_checks: Histogram,
     pub watch_errors: IntCounterVec,
     pub sync_failures: IntCounterVec,
     pub programmed: GaugeVec,
@@ -196,6 +197,12 @@ impl Metrics {
                     0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
                     0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
                 ],
+            )?,
+            kernel_checks: histogram(
+                &r,
+                "switchyard_kernel_check_duration_seconds",
+                "Periodic checks that the kernel holds what was programmed: reading it back in the background and comparing",
+                exponential_buckets(0.001, 2.0, 15)?,
             )?,
             watch_errors: register(
                 &r,

@@ -14,7 +14,8 @@ use crate::config::ProxyConfig;
 use crate::manifests::ManifestError;
 use crate::nodeaddr::Interfaces;
 use dataplane::backend::{Backend, BackendError, Scope, SyncReport};
-use dataplane::nft::exec::NftCommand;
+use dataplane::nft::exec::{read_kernel, NftCommand, NftError};
+use dataplane::nft::state::Ruleset;
 use dataplane::nft::NftBackend;
 use health::Health;
 use metrics::Metrics;
@@ -117,6 +118,7 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
         }
     };
 
+    let (checked_tx, mut checked_rx) = mpsc::channel::<KernelRead>(1);
     let mut agent = Agent {
         store: Store::new(cfg.clone(), node_name, Box::new(Interfaces)),
         backend: NftBackend::new(NftCommand::default()),
@@ -124,6 +126,8 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
         metrics,
         health,
         unsynced: Changes::default(),
+        checked_tx,
+        checking: false,
     };
     tracing::info!(
         "switchyard agent started: minSyncPeriod {:?}, syncPeriod {:?}; waiting for the initial lists",
@@ -157,6 +161,7 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
                     agent.record(ev);
                 }
             }
+            Some(read) = checked_rx.recv() => agent.checked(read),
             _ = sleep => agent.sync(),
         }
     }
@@ -200,7 +205,13 @@ struct Agent {
     health: Arc<Mutex<Health>>,
     /// Changes taken by syncs that failed; their latencies count when a sync succeeds.
     unsynced: Changes,
+    /// Where the background read of the periodic kernel check reports.
+    checked_tx: mpsc::Sender<KernelRead>,
+    checking: bool,
 }
+
+/// The kernel as a background read found it, and when the read began.
+type KernelRead = (Result<Ruleset, NftError>, Instant);
 
 impl Agent {
     fn health(&self) -> std::sync::MutexGuard<'_, Health> {
@@ -243,7 +254,20 @@ impl Agent {
 
     fn sync(&mut self) {
         let started = Instant::now();
-        let full = self.schedule.start(started);
+        let required = self.schedule.full_required();
+        let mut full = self.schedule.start(started);
+        if full && !required && !self.checking && self.backend.begin_verify() {
+            // The periodic full sync: reading 100k elements back takes the kernel most of a
+            // second, so the check runs beside the syncs, and a full sync follows only if
+            // the kernel turns out changed.
+            self.schedule.periodic_deferred(started);
+            self.checking = true;
+            full = false;
+            let tx = self.checked_tx.clone();
+            tokio::task::spawn_blocking(move || {
+                let _ = tx.blocking_send((read_kernel(), started));
+            });
+        }
         let changes = self.store.take_changes();
         merge_changes(&mut self.unsynced, changes);
         let changed = self.unsynced.services_touched();
@@ -333,6 +357,37 @@ impl Agent {
             tracing::info!("{}", report.summary());
         } else {
             tracing::debug!("{}", report.summary());
+        }
+    }
+
+    /// The background read of the periodic check is back: compare, and repair in full if
+    /// the kernel no longer holds what we programmed.
+    fn checked(&mut self, (read, started): KernelRead) {
+        self.checking = false;
+        let kernel = match read {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot read the kernel back for the periodic check: {e}; syncing in full"
+                );
+                self.schedule.require_full();
+                return;
+            }
+        };
+        let differences = self.backend.finish_verify(&kernel);
+        self.metrics
+            .kernel_checks
+            .observe(started.elapsed().as_secs_f64());
+        match differences {
+            Some(d) if !d.is_empty() => {
+                tracing::warn!(
+                    "the kernel no longer holds what was programmed ({}); repairing with a full sync",
+                    d.join("; ")
+                );
+                self.schedule.require_full();
+            }
+            Some(_) => tracing::debug!("periodic check: the kernel holds what was programmed"),
+            None => {}
         }
     }
 

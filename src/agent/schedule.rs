@@ -72,6 +72,24 @@ impl Schedule {
         full
     }
 
+    /// Whether the next sync must be full for a reason other than the period: the first
+    /// one, a retry after a failure, or [`Self::require_full`].
+    pub fn full_required(&self) -> bool {
+        self.need_full
+    }
+
+    /// The periodic full check was handed off at `now` (to a background read); the next
+    /// one is a period away, and this sync need not be full.
+    pub fn periodic_deferred(&mut self, now: Instant) {
+        self.next_full = Some(now + self.full_interval);
+    }
+
+    /// The next sync must be full (the kernel was found changed), and soon.
+    pub fn require_full(&mut self) {
+        self.need_full = true;
+        self.requested = true;
+    }
+
     /// The sync that started last succeeded at `now`.
     pub fn succeeded(&mut self, now: Instant, full: bool) {
         self.failures = 0;

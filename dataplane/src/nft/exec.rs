@@ -106,16 +106,22 @@ impl NftCommand {
     }
 }
 
+/// Our tables as the kernel holds them, over nfnetlink, from the calling thread's network
+/// namespace; usable from any thread.
+pub fn read_kernel() -> Result<Ruleset, NftError> {
+    let mut reader = Reader::open()?;
+    let mut rs = Ruleset::default();
+    for family in IpFamily::ALL {
+        if let Some(t) = reader.table(family)? {
+            rs.tables.insert(family, t);
+        }
+    }
+    Ok(rs)
+}
+
 impl NftExecutor for NftCommand {
     fn read(&mut self) -> Result<Ruleset, NftError> {
-        let mut reader = Reader::open()?;
-        let mut rs = Ruleset::default();
-        for family in IpFamily::ALL {
-            if let Some(t) = reader.table(family)? {
-                rs.tables.insert(family, t);
-            }
-        }
-        Ok(rs)
+        read_kernel()
     }
 
     fn apply(&mut self, tx: &Transaction) -> Result<(), NftError> {

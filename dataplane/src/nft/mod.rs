@@ -8,6 +8,7 @@ pub mod ownership;
 pub mod skeleton;
 pub mod state;
 pub mod transaction;
+pub mod verify;
 
 use crate::backend::{Backend, BackendError, Scope, ServiceKey, SyncReport};
 use crate::model::Snapshot;
@@ -30,6 +31,8 @@ pub struct NftBackend<E: NftExecutor> {
     exec: E,
     /// `None` forces a read of the kernel.
     applied: Option<Applied>,
+    /// While a background read of the kernel runs: what our commits touched since it began.
+    verifying: Option<verify::Recent>,
 }
 
 impl<E: NftExecutor> NftBackend<E> {
@@ -37,6 +40,7 @@ impl<E: NftExecutor> NftBackend<E> {
         NftBackend {
             exec,
             applied: None,
+            verifying: None,
         }
     }
 
@@ -51,9 +55,29 @@ impl<E: NftExecutor> NftBackend<E> {
         transaction::diff(&empty, &desired, false)
     }
 
+    /// A background read of the kernel (see [`exec::read_kernel`]) starts now; true when
+    /// there is a committed state to check it against.
+    pub fn begin_verify(&mut self) -> bool {
+        self.verifying = self.applied.as_ref().map(|_| verify::Recent::default());
+        self.verifying.is_some()
+    }
+
+    /// How `kernel`, read since [`Self::begin_verify`], differs from what was committed,
+    /// leaving out what was committed meanwhile; `None` when there is nothing to compare
+    /// (no verification begun, or a failed sync since, which forces a full sync anyway).
+    pub fn finish_verify(&mut self, kernel: &Ruleset) -> Option<Vec<String>> {
+        let recent = self.verifying.take()?;
+        let applied = self.applied.as_ref()?;
+        Some(verify::differences(kernel, &applied.ruleset, &recent))
+    }
+
     fn commit(&mut self, tx: &transaction::Transaction) -> Result<(), BackendError> {
         if tx.is_empty() {
             return Ok(());
+        }
+        if let Some(recent) = self.verifying.as_mut() {
+            // Recorded before the commit: if it fails, the next sync is full anyway.
+            recent.record(tx);
         }
         self.exec.apply(tx).map_err(|e| {
             // The kernel kept its previous state; the next sync must re-read it.

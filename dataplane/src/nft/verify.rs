@@ -1,0 +1,195 @@
+//! Checking the kernel against what we committed, while syncs go on.
+//!
+//! Reading 100k elements back costs the kernel most of a second, too long to hold every
+//! other sync for. So the periodic check reads in the background and compares afterwards;
+//! whatever a commit touched while the read ran may show either version, and is left out.
+
+use super::state::Ruleset;
+use super::transaction::{Op, Transaction};
+use crate::model::IpFamily;
+use std::collections::HashSet;
+
+/// What commits touched since a background read began.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recent {
+    pub elements: HashSet<(IpFamily, String, String)>,
+    pub chains: HashSet<(IpFamily, String)>,
+    /// A table or set was created or deleted: the read may have seen either layout.
+    pub tables: bool,
+}
+
+impl Recent {
+    pub fn record(&mut self, tx: &Transaction) {
+        for op in &tx.ops {
+            match op {
+                Op::AddTable(_) | Op::DeleteTable(_) | Op::AddSet { .. } => self.tables = true,
+                Op::AddChain { family, name, .. }
+                | Op::FlushChain { family, name }
+                | Op::DeleteChain { family, name } => {
+                    self.chains.insert((*family, name.clone()));
+                }
+                Op::AddRule { family, chain, .. } => {
+                    self.chains.insert((*family, chain.clone()));
+                }
+                Op::AddElements {
+                    family,
+                    set,
+                    elements,
+                } => {
+                    for (k, _) in elements {
+                        self.elements.insert((*family, set.clone(), k.clone()));
+                    }
+                }
+                Op::DeleteElements { family, set, keys } => {
+                    for k in keys {
+                        self.elements.insert((*family, set.clone(), k.clone()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Up to this many differences are spelled out; the rest are counted.
+const SHOWN: usize = 5;
+
+/// How `kernel` differs from `committed`, leaving out what `recent` commits touched; empty
+/// when the kernel holds what we programmed.
+pub fn differences(kernel: &Ruleset, committed: &Ruleset, recent: &Recent) -> Vec<String> {
+    if recent.tables {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let families: HashSet<IpFamily> = kernel
+        .tables
+        .keys()
+        .chain(committed.tables.keys())
+        .copied()
+        .collect();
+    for family in IpFamily::ALL.into_iter().filter(|f| families.contains(f)) {
+        let (k, c) = match (kernel.table(family), committed.table(family)) {
+            (Some(k), Some(c)) => (k, c),
+            (None, Some(_)) => {
+                out.push(format!("{family} table missing"));
+                continue;
+            }
+            (Some(_), None) => {
+                out.push(format!("{family} table present, not ours any more"));
+                continue;
+            }
+            (None, None) => continue,
+        };
+        for (name, set) in &c.sets {
+            let Some(ks) = k.sets.get(name) else {
+                out.push(format!("{family} set {name} missing"));
+                continue;
+            };
+            if ks.fingerprint != set.fingerprint {
+                out.push(format!("{family} set {name} redeclared"));
+            }
+            let recent_key = |key: &String| {
+                recent
+                    .elements
+                    .contains(&(family, name.clone(), key.clone()))
+            };
+            for (key, value) in &set.elements {
+                if ks.elements.get(key) != Some(value) && !recent_key(key) {
+                    out.push(format!(
+                        "{family} set {name}: element {key} missing or changed"
+                    ));
+                }
+            }
+            for key in ks.elements.keys() {
+                if !set.elements.contains_key(key) && !recent_key(key) {
+                    out.push(format!("{family} set {name}: element {key} not ours"));
+                }
+            }
+        }
+        for name in k.sets.keys().filter(|n| !c.sets.contains_key(*n)) {
+            out.push(format!("{family} set {name} not ours"));
+        }
+        let recent_chain = |name: &String| recent.chains.contains(&(family, name.clone()));
+        for (name, chain) in &c.chains {
+            if recent_chain(name) {
+                continue;
+            }
+            match k.chains.get(name) {
+                None => out.push(format!("{family} chain {name} missing")),
+                Some(kc) if !chain.same_as(kc) => {
+                    out.push(format!("{family} chain {name}: rules changed"))
+                }
+                Some(_) => {}
+            }
+        }
+        for name in k.chains.keys() {
+            if !c.chains.contains_key(name) && !recent_chain(name) {
+                out.push(format!("{family} chain {name} not ours"));
+            }
+        }
+    }
+    if out.len() > SHOWN {
+        let more = out.len() - SHOWN;
+        out.truncate(SHOWN);
+        out.push(format!("and {more} more"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::*;
+    use crate::nft::layout;
+    use crate::nft::transaction::diff;
+
+    fn ruleset(endpoints: &[&str]) -> Ruleset {
+        let mut s = crate::synth::cluster(3, 2);
+        let name = ServicePortName::new("bench", "svc-0", "http", Protocol::Tcp);
+        s.endpoints.insert(
+            name,
+            endpoints
+                .iter()
+                .map(|e| Endpoint::ready(e.parse().unwrap(), 8080))
+                .collect(),
+        );
+        layout::desired(&s, &Ruleset::default()).0
+    }
+
+    #[test]
+    fn deletions_by_others_show_and_our_own_commits_meanwhile_do_not() {
+        let committed = ruleset(&["10.9.0.1", "10.9.0.2"]);
+        assert!(differences(&committed, &committed, &Recent::default()).is_empty());
+
+        // Someone deletes an element and a chain.
+        let mut kernel = committed.clone();
+        let v4 = kernel.tables.get_mut(&IpFamily::V4).unwrap();
+        v4.sets
+            .get_mut(layout::MAP_BACKENDS)
+            .unwrap()
+            .elements
+            .pop_first();
+        v4.chains.remove("services");
+        let d = differences(&kernel, &committed, &Recent::default());
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(
+            d.iter().any(|x| x.contains("chain services missing")),
+            "{d:?}"
+        );
+
+        // We committed a change while the kernel was read: the read shows the old state.
+        let old = ruleset(&["10.9.0.1", "10.9.0.2"]);
+        let new = ruleset(&["10.9.0.1", "10.9.0.3"]);
+        let mut recent = Recent::default();
+        recent.record(&diff(&old, &new, false));
+        assert!(differences(&old, &new, &recent).is_empty());
+        assert!(!differences(&old, &new, &Recent::default()).is_empty());
+
+        // A missing table always shows.
+        let mut gone = committed.clone();
+        gone.tables.remove(&IpFamily::V6);
+        assert_eq!(
+            differences(&gone, &committed, &Recent::default()),
+            vec!["IPv6 table missing".to_string()]
+        );
+    }
+}
