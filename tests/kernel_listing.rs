@@ -96,6 +96,9 @@ fn netlink_reads_what_nft_lists_and_what_was_written() {
         nft.apply(&NftBackend::<NftCommand>::render(&snap))
             .expect("programming the table");
         let netlink = nft.read().expect("netlink read");
+        let (again, consistent) = dataplane::nft::exec::read_kernel().expect("read_kernel");
+        assert!(consistent, "nothing committed during the read");
+        assert_eq!(again, netlink);
         let json = nft.read_json().expect("nft -j list");
         Ok((netlink, json, empty))
     })

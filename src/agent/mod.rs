@@ -16,10 +16,12 @@ use crate::nodeaddr::Interfaces;
 use dataplane::backend::{Backend, BackendError, Scope, SyncReport};
 use dataplane::nft::exec::{read_kernel, NftCommand, NftError};
 use dataplane::nft::state::Ruleset;
+use dataplane::nft::verify;
 use dataplane::nft::NftBackend;
 use health::Health;
 use metrics::Metrics;
 use schedule::Schedule;
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -128,6 +130,7 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
         unsynced: Changes::default(),
         checked_tx,
         checking: false,
+        suspect: BTreeSet::new(),
     };
     tracing::info!(
         "switchyard agent started: minSyncPeriod {:?}, syncPeriod {:?}; waiting for the initial lists",
@@ -208,10 +211,13 @@ struct Agent {
     /// Where the background read of the periodic kernel check reports.
     checked_tx: mpsc::Sender<KernelRead>,
     checking: bool,
+    /// Differences the last check found in a read that overlapped commits, to confirm.
+    suspect: BTreeSet<String>,
 }
 
-/// The kernel as a background read found it, and when the read began.
-type KernelRead = (Result<Ruleset, NftError>, Instant);
+/// The kernel as a background read found it (and whether no commit overlapped the read),
+/// and when the read began.
+type KernelRead = (Result<(Ruleset, bool), NftError>, Instant);
 
 impl Agent {
     fn health(&self) -> std::sync::MutexGuard<'_, Health> {
@@ -256,17 +262,15 @@ impl Agent {
         let started = Instant::now();
         let required = self.schedule.full_required();
         let mut full = self.schedule.start(started);
-        if full && !required && !self.checking && self.backend.begin_verify() {
+        if full && !required && !self.checking {
             // The periodic full sync: reading 100k elements back takes the kernel most of a
             // second, so the check runs beside the syncs, and a full sync follows only if
             // the kernel turns out changed.
-            self.schedule.periodic_deferred(started);
-            self.checking = true;
-            full = false;
-            let tx = self.checked_tx.clone();
-            tokio::task::spawn_blocking(move || {
-                let _ = tx.blocking_send((read_kernel(), started));
-            });
+            self.start_check(started);
+            if self.checking {
+                self.schedule.periodic_deferred(started);
+                full = false;
+            }
         }
         let changes = self.store.take_changes();
         merge_changes(&mut self.unsynced, changes);
@@ -364,7 +368,7 @@ impl Agent {
     /// the kernel no longer holds what we programmed.
     fn checked(&mut self, (read, started): KernelRead) {
         self.checking = false;
-        let kernel = match read {
+        let (kernel, consistent) = match read {
             Ok(k) => k,
             Err(e) => {
                 tracing::warn!(
@@ -378,17 +382,44 @@ impl Agent {
         self.metrics
             .kernel_checks
             .observe(started.elapsed().as_secs_f64());
-        match differences {
-            Some(d) if !d.is_empty() => {
-                tracing::warn!(
-                    "the kernel no longer holds what was programmed ({}); repairing with a full sync",
-                    d.join("; ")
-                );
-                self.schedule.require_full();
-            }
-            Some(_) => tracing::debug!("periodic check: the kernel holds what was programmed"),
-            None => {}
+        let Some(d) = differences else {
+            return;
+        };
+        if d.is_empty() {
+            self.suspect.clear();
+            tracing::debug!("periodic check: the kernel holds what was programmed");
+            return;
         }
+        // A read that overlapped our commits can miss elements that never moved; what two
+        // reads in a row both find missing really is.
+        let confirmed = consistent || d.iter().any(|x| self.suspect.contains(x));
+        if confirmed {
+            self.suspect.clear();
+            tracing::warn!(
+                "the kernel no longer holds what was programmed ({}); repairing with a full sync",
+                verify::summary(&d)
+            );
+            self.schedule.require_full();
+        } else {
+            tracing::debug!(
+                "periodic check overlapped syncs and found {} differences; reading again to confirm",
+                d.len()
+            );
+            self.suspect = d.into_iter().collect();
+            self.start_check(Instant::now());
+        }
+    }
+
+    /// Read the kernel back in the background; [`Self::checked`] gets the result.
+    fn start_check(&mut self, now: Instant) {
+        if !self.backend.begin_verify() {
+            return;
+        }
+        self.checking = true;
+        let tx = self.checked_tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = tx.blocking_send((read_kernel(), now));
+        });
     }
 
     fn failed(&mut self, e: &BackendError, done: Instant) {

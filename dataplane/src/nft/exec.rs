@@ -107,21 +107,25 @@ impl NftCommand {
 }
 
 /// Our tables as the kernel holds them, over nfnetlink, from the calling thread's network
-/// namespace; usable from any thread.
-pub fn read_kernel() -> Result<Ruleset, NftError> {
+/// namespace; usable from any thread. The flag says whether no commit happened during the
+/// read: a dump of a set that changes meanwhile can miss elements that never moved.
+pub fn read_kernel() -> Result<(Ruleset, bool), NftError> {
     let mut reader = Reader::open()?;
+    let before = reader.generation()?;
     let mut rs = Ruleset::default();
     for family in IpFamily::ALL {
         if let Some(t) = reader.table(family)? {
             rs.tables.insert(family, t);
         }
     }
-    Ok(rs)
+    let after = reader.generation()?;
+    Ok((rs, before == after))
 }
 
 impl NftExecutor for NftCommand {
     fn read(&mut self) -> Result<Ruleset, NftError> {
-        read_kernel()
+        // Syncs do not run concurrently with this read, so it is consistent.
+        read_kernel().map(|(rs, _)| rs)
     }
 
     fn apply(&mut self, tx: &Transaction) -> Result<(), NftError> {

@@ -21,6 +21,7 @@ const NFT_MSG_GETCHAIN: u16 = 4;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_GETSET: u16 = 10;
 const NFT_MSG_GETSETELEM: u16 = 13;
+const NFT_MSG_GETGEN: u16 = 16;
 
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
@@ -36,6 +37,7 @@ const NFPROTO_IPV6: u8 = 10;
 
 // Attribute numbers from linux/netfilter/nf_tables.h.
 const NFTA_TABLE_NAME: u16 = 1;
+const NFTA_GEN_ID: u16 = 1;
 const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
 const NFTA_CHAIN_HOOK: u16 = 4;
@@ -257,6 +259,20 @@ impl Reader {
             }
         }
         Err(NetlinkError::Interrupted(what.to_string()))
+    }
+
+    /// The ruleset generation: it changes with every commit, so equal values before and
+    /// after a read mean the read is consistent.
+    pub fn generation(&mut self) -> Result<u32, NetlinkError> {
+        let replies = self.request("generation", NFT_MSG_GETGEN, 0, 0, &[])?;
+        replies
+            .first()
+            .and_then(|b| find(b, NFTA_GEN_ID))
+            .and_then(be32)
+            .ok_or_else(|| NetlinkError::Malformed {
+                what: "generation".into(),
+                detail: "no generation id".into(),
+            })
     }
 
     /// Our table of `family` as the kernel holds it; `None` when there is none.

@@ -50,7 +50,7 @@ impl Recent {
     }
 }
 
-/// Up to this many differences are spelled out; the rest are counted.
+/// Up to this many differences are spelled out in a summary; the rest are counted.
 const SHOWN: usize = 5;
 
 /// How `kernel` differs from `committed`, leaving out what `recent` commits touched; empty
@@ -127,12 +127,21 @@ pub fn differences(kernel: &Ruleset, committed: &Ruleset, recent: &Recent) -> Ve
             }
         }
     }
-    if out.len() > SHOWN {
-        let more = out.len() - SHOWN;
-        out.truncate(SHOWN);
-        out.push(format!("and {more} more"));
-    }
     out
+}
+
+/// The first few differences on one line, for a log.
+pub fn summary(differences: &[String]) -> String {
+    let mut text = differences
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if differences.len() > SHOWN {
+        text.push_str(&format!("; and {} more", differences.len() - SHOWN));
+    }
+    text
 }
 
 #[cfg(test)]
