@@ -312,41 +312,9 @@ fn agent_follows_changes_and_restarts_without_failing_a_connection() {
 
     // kill -9 and start again while a client opens new connections: none may fail, because
     // the rules stay in the kernel and the new agent replaces them in one transaction.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let failures = std::thread::scope(|scope| {
-        let prober = scope.spawn(|| {
-            let mut bad = Vec::new();
-            let mut n = 0;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                n += 1;
-                match rig.probe_once(&s.flows[1]) {
-                    Outcome::Reply { .. } => {}
-                    other => bad.push(format!("connection {n}: {other}")),
-                }
-            }
-            (n, bad)
-        });
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        agent.kill9();
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        let restarted = AgentProcess::start(&rig, &dir, 1);
-        // Until the new agent has synced (its first sync is full and replaces every chain).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-        while !restarted.log().contains("full sync") {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "restarted agent never synced\n{}",
-                restarted.log()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        let (n, bad) = prober.join().expect("prober thread");
-        agent = restarted;
-        (n, bad)
+    let (n, bad) = restart_under_load(&rig, &s.flows[1], &mut agent, || {
+        AgentProcess::start(&rig, &dir, 1)
     });
-    let (n, bad) = failures;
     assert!(n > 5, "only {n} connections were tried");
     assert!(
         bad.is_empty(),
@@ -403,6 +371,37 @@ fn probe_until(
         }
     }
     (n, bad)
+}
+
+/// `kill -9` the agent and start it again while a client opens new connections to `flow`
+/// in a loop, until the new agent's first (full) sync has replaced every chain; `agent`
+/// becomes the new one. Returns how many connections were tried and the failures.
+fn restart_under_load(
+    rig: &Rig,
+    flow: &Flow,
+    agent: &mut AgentProcess,
+    start: impl FnOnce() -> AgentProcess,
+) -> (usize, Vec<String>) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let prober = scope.spawn(|| probe_until(rig, flow, &stop));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        agent.kill9();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let restarted = start();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        while !restarted.log().contains("full sync") {
+            if std::time::Instant::now() > deadline {
+                stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                panic!("restarted agent never synced\n{}", restarted.log());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        *agent = restarted;
+        prober.join().expect("prober thread")
+    })
 }
 
 /// Make the fixture API server hold the rig's current state: apply every object, delete
@@ -522,26 +521,8 @@ fn agent_on_the_api_server_keeps_traffic_flowing_through_outages_and_restarts() 
     wait_flows(&rig, &s.flows, &agent, "the change made during the outage");
 
     // kill -9 and start again while a client opens new connections: none may fail.
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let (n, bad) = std::thread::scope(|scope| {
-        let prober = scope.spawn(|| probe_until(&rig, &chat, &stop));
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        agent.kill9();
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        let restarted = AgentProcess::start_with(&rig, &dir, 1, &source);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-        while !restarted.log().contains("full sync") {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "restarted agent never synced\n{}",
-                restarted.log()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        agent = restarted;
-        prober.join().expect("prober thread")
+    let (n, bad) = restart_under_load(&rig, &chat, &mut agent, || {
+        AgentProcess::start_with(&rig, &dir, 1, &source)
     });
     assert!(n > 5, "only {n} connections were tried across the restart");
     assert!(

@@ -6,7 +6,7 @@ use super::layout::NoLocalEndpoints;
 use super::skeleton::{LbKind, SET_CLUSTER_IPS, SET_HAIRPIN};
 use super::state::Chain;
 use crate::model::{IpFamily, ServicePortName};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// Sets whose elements several service ports may contribute (ports of one service share a
 /// cluster IP; an endpoint may back several services). Every other element has one owner:
@@ -31,7 +31,7 @@ pub struct Record {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FamilyIndex {
     pub records: BTreeMap<ServicePortName, Record>,
-    shared: HashMap<(&'static str, String), usize>,
+    shared: BTreeMap<(&'static str, String), usize>,
     lb: BTreeMap<(LbKind, usize), usize>,
     /// Sums over the records.
     pub no_local: NoLocalEndpoints,
@@ -41,47 +41,22 @@ pub struct FamilyIndex {
 impl FamilyIndex {
     /// Count one more holder of a shared element; true when it is the first.
     pub fn hold(&mut self, set: &'static str, key: &str) -> bool {
-        let n = self.shared.entry((set, key.to_string())).or_insert(0);
-        *n += 1;
-        *n == 1
+        count_up(&mut self.shared, (set, key.to_string()))
     }
 
     /// Count one holder less of a shared element; true when it was the last.
     pub fn release(&mut self, set: &'static str, key: &str) -> bool {
-        let k = (set, key.to_string());
-        match self.shared.get_mut(&k) {
-            Some(n) if *n > 1 => {
-                *n -= 1;
-                false
-            }
-            Some(_) => {
-                self.shared.remove(&k);
-                true
-            }
-            None => true,
-        }
+        count_down(&mut self.shared, &(set, key.to_string()))
     }
 
     /// Count one more user of a load-balancing chain; true when it is the first.
     pub fn use_chain(&mut self, chain: (LbKind, usize)) -> bool {
-        let n = self.lb.entry(chain).or_insert(0);
-        *n += 1;
-        *n == 1
+        count_up(&mut self.lb, chain)
     }
 
     /// Count one user less of a load-balancing chain; true when it was the last.
     pub fn drop_chain(&mut self, chain: (LbKind, usize)) -> bool {
-        match self.lb.get_mut(&chain) {
-            Some(n) if *n > 1 => {
-                *n -= 1;
-                false
-            }
-            Some(_) => {
-                self.lb.remove(&chain);
-                true
-            }
-            None => true,
-        }
+        count_down(&mut self.lb, &chain)
     }
 
     pub fn insert(&mut self, name: ServicePortName, record: Record) {
@@ -107,6 +82,27 @@ impl FamilyIndex {
             .take_while(|k| k.namespace == namespace && k.name == name)
             .cloned()
             .collect()
+    }
+}
+
+fn count_up<K: Ord>(counts: &mut BTreeMap<K, usize>, key: K) -> bool {
+    let n = counts.entry(key).or_insert(0);
+    *n += 1;
+    *n == 1
+}
+
+/// An unknown key counts as its last holder gone, so its element is removed either way.
+fn count_down<K: Ord>(counts: &mut BTreeMap<K, usize>, key: &K) -> bool {
+    match counts.get_mut(key) {
+        Some(n) if *n > 1 => {
+            *n -= 1;
+            false
+        }
+        Some(_) => {
+            counts.remove(key);
+            true
+        }
+        None => true,
     }
 }
 

@@ -48,8 +48,8 @@ fn spec(i: usize) -> Spec {
     Spec {
         cip: i as u8 + 1,
         ports: vec![80],
-        node_port: i % 2 == 0,
-        external_ip: i % 3 == 0,
+        node_port: i.is_multiple_of(2),
+        external_ip: i.is_multiple_of(3),
         local: false,
         dual_stack: i == 1,
         endpoints: (1..=(i as u8 % 4 + 1)).collect(),
