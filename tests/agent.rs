@@ -54,6 +54,8 @@ struct Agent {
     ns: String,
     child: Option<Child>,
     log: std::path::PathBuf,
+    /// A directory put first on the agent's PATH (to inject a failing `nft`).
+    path_first: Option<std::path::PathBuf>,
 }
 
 impl Agent {
@@ -79,6 +81,7 @@ impl Agent {
             ns,
             child: None,
             log: std::path::PathBuf::new(),
+            path_first: None,
         })
     }
 
@@ -93,7 +96,12 @@ impl Agent {
         )
         .unwrap();
         let log = dir.join("agent.log");
-        let child = Command::new("ip")
+        let mut cmd = Command::new("ip");
+        if let Some(first) = &self.path_first {
+            let path = std::env::var("PATH").unwrap_or_default();
+            cmd.env("PATH", format!("{}:{path}", first.display()));
+        }
+        let child = cmd
             .args([
                 "netns",
                 "exec",
@@ -472,4 +480,84 @@ fn run_against_the_api_server_follows_watches_and_survives_outages() {
     assert!(agent.metric(&text, "kubeproxy_sync_proxy_rules_service_changes_total") >= 2.0);
     let status = agent.terminate();
     assert!(status.success(), "{status:?}\n{}", agent.log());
+}
+
+#[test]
+fn healthz_and_livez_fail_while_a_queued_update_goes_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut agent) = Agent::namespace("stale") else {
+        return;
+    };
+    // An `nft` that refuses every transaction while `broken` exists: the kernel keeps its
+    // rules, syncs fail and are retried, and the queued update ages past the health timeout
+    // (twice syncPeriod: 4 s here).
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let real = netns::run("sh", &["-c", "command -v nft"], None, netns::CMD_TIMEOUT);
+    let broken = dir.path().join("broken");
+    let script = bin.join("nft");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ -e '{}' ]; then echo 'Error: injected failure' >&2; exit 1; fi\nexec {} \"$@\"\n",
+            broken.display(),
+            real.stdout.trim()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    agent.path_first = Some(bin);
+    let cluster = dir.path().join("cluster.yaml");
+    write_atomically(&cluster, &manifests("10.0.0.1"));
+    agent.spawn(dir.path(), &["--manifests".as_ref(), cluster.as_os_str()]);
+    agent.wait_ruleset("the first sync", |rs| rs.contains("10.0.0.1"));
+    assert_eq!(agent.get(HEALTH, "/healthz").0, 200);
+
+    std::fs::write(&broken, "").unwrap();
+    write_atomically(&cluster, &manifests("10.0.0.2"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, body) = agent.get(HEALTH, "/healthz");
+        if code == 503 {
+            let v: Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(v["nodeEligible"], true, "{body}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "healthz stayed {code}: {body}\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        agent.get(HEALTH, "/livez").0,
+        503,
+        "livez fails on a stale queue too"
+    );
+    let rs = agent.ruleset();
+    assert!(
+        rs.contains("10.0.0.1") && !rs.contains("10.0.0.2"),
+        "the old rules keep serving:\n{rs}"
+    );
+    let (_, text) = agent.get(METRICS, "/metrics");
+    assert!(
+        agent.metric(
+            &text,
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+        ) >= 1.0
+    );
+
+    // nft works again: the retry commits the update and both endpoints recover.
+    std::fs::remove_file(&broken).unwrap();
+    agent.wait_ruleset("the update after recovery", |rs| rs.contains("10.0.0.2"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while agent.get(HEALTH, "/healthz").0 != 200 || agent.get(HEALTH, "/livez").0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "health did not recover\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
