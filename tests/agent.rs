@@ -514,7 +514,15 @@ fn healthz_and_livez_fail_while_a_queued_update_goes_stale() {
     assert_eq!(agent.get(HEALTH, "/healthz").0, 200);
 
     std::fs::write(&broken, "").unwrap();
-    write_atomically(&cluster, &manifests("10.0.0.2"));
+    // Two endpoints: a new load-balancing chain, which only `nft` writes (element-only
+    // changes go to the kernel as netlink batches and would not fail here).
+    write_atomically(
+        &cluster,
+        &manifests("10.0.0.2").replace(
+            "endpoints: [{ addresses: [10.0.0.2] }]",
+            "endpoints: [{ addresses: [10.0.0.2] }, { addresses: [10.0.0.3] }]",
+        ),
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (code, body) = agent.get(HEALTH, "/healthz");

@@ -1,6 +1,7 @@
 //! The netlink reader against nft's own JSON listing, on a real kernel: a table with every
 //! kind of element the layout writes (concatenated keys, verdicts, backend slots, interval
-//! sets, IPv6) must read back identically both ways, and equal to what was written.
+//! sets, IPv6) must read back identically both ways, and equal to what was written; and
+//! element-only transactions committed as netlink batches must land exactly, or not at all.
 //! Needs root; prints SKIP otherwise (fails if SWITCHYARD_REQUIRE_NETNS=1).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -139,4 +140,71 @@ fn netlink_reads_what_nft_lists_and_what_was_written() {
     assert!(v4.sets[layout::MAP_NODEPORT_BACKENDS]
         .elements
         .contains_key("udp . 30053 . 0"));
+}
+
+#[test]
+fn element_batches_commit_exactly_or_not_at_all() {
+    let ns = format!("{}batch", netns::unique_prefix());
+    if let Err(e) = netns::create_namespace(&ns) {
+        assert!(
+            std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
+            "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
+        );
+        println!("SKIP: needs root and network namespaces: {e}");
+        return;
+    }
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            netns::delete_namespace(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(ns.clone());
+    let before = snapshot();
+    let mut after = before.clone();
+    // Same endpoint counts, other addresses, both families: elements only.
+    let name = ServicePortName::new("bench", "svc-3", "http", Protocol::Tcp);
+    after.endpoints.get_mut(&name).unwrap()[1].ip = ip("10.77.0.1");
+    let v6 = ServicePortName::new("bench", "web6", "https", Protocol::Tcp);
+    after.endpoints.get_mut(&v6).unwrap()[0].ip = ip("fd10::77");
+    let dns = ServicePortName::new("bench", "dns", "dns", Protocol::Udp);
+    after.endpoints.get_mut(&dns).unwrap()[0].ip = ip("10.9.0.54");
+    netns::in_netns(&ns, || {
+        let mut nft = NftCommand::default();
+        nft.apply(&NftBackend::<NftCommand>::render(&before))
+            .expect("programming the table");
+        let kernel = nft.read().expect("read");
+        let (want, _) = layout::desired(&after, &kernel);
+        let tx = diff(&kernel, &want, false);
+        assert!(
+            tx.ops.iter().all(|op| matches!(
+                op,
+                dataplane::nft::transaction::Op::AddElements { .. }
+                    | dataplane::nft::transaction::Op::DeleteElements { .. }
+            )),
+            "expected an element-only change:\n{}",
+            tx.to_nft()
+        );
+        assert!(dataplane::nft::batch::try_commit(&tx).expect("the batch commits"));
+        let got = nft.read().expect("read back");
+        let left = diff(&got, &want, false);
+        assert!(
+            left.is_empty(),
+            "after the batch, still to do:\n{}",
+            left.to_nft()
+        );
+
+        // A batch the kernel must refuse (deleting what is not there) changes nothing.
+        let mut bad = diff(&got, &layout::desired(&before, &got).0, false);
+        bad.ops
+            .push(dataplane::nft::transaction::Op::DeleteElements {
+                family: IpFamily::V4,
+                set: layout::SET_CLUSTER_IPS.into(),
+                keys: vec!["172.31.255.254".into()],
+            });
+        assert!(dataplane::nft::batch::try_commit(&bad).is_err());
+        assert_eq!(nft.read().expect("read after refusal"), got);
+        Ok(())
+    })
+    .expect("in the namespace");
 }

@@ -43,12 +43,15 @@ pub trait NftExecutor {
 #[derive(Debug, Clone)]
 pub struct NftCommand {
     pub program: String,
+    /// Commit element-only transactions as netlink batches instead of running `nft`.
+    pub netlink_batches: bool,
 }
 
 impl Default for NftCommand {
     fn default() -> Self {
         NftCommand {
             program: "nft".into(),
+            netlink_batches: true,
         }
     }
 }
@@ -129,6 +132,9 @@ impl NftExecutor for NftCommand {
     }
 
     fn apply(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        if self.netlink_batches && super::batch::try_commit(tx)? {
+            return Ok(());
+        }
         let (ok, _, stderr) = self.run(&["-f", "-"], Some(&tx.to_nft()))?;
         if ok {
             Ok(())

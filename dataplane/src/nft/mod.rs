@@ -1,5 +1,6 @@
 //! The nftables backend: layout (pure), diff into a transaction (pure), and `nft` execution.
 
+pub mod batch;
 pub mod exec;
 pub mod layout;
 pub mod listing;

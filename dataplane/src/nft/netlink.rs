@@ -15,25 +15,25 @@ use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_GETCHAIN: u16 = 4;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_GETSET: u16 = 10;
 const NFT_MSG_GETSETELEM: u16 = 13;
-const NFT_MSG_GETGEN: u16 = 16;
+pub(super) const NFT_MSG_GETGEN: u16 = 16;
 
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
+pub(super) const NLM_F_REQUEST: u16 = 0x1;
+pub(super) const NLM_F_ACK: u16 = 0x4;
 const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_DUMP_INTR: u16 = 0x10;
-const NLMSG_ERROR: u16 = 2;
+pub(super) const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 
-const RECV_BUFFER: usize = 1 << 16;
+pub(super) const RECV_BUFFER: usize = 1 << 16;
 
-const NFPROTO_IPV4: u8 = 2;
-const NFPROTO_IPV6: u8 = 10;
+pub(super) const NFPROTO_IPV4: u8 = 2;
+pub(super) const NFPROTO_IPV6: u8 = 10;
 
 // Attribute numbers from linux/netfilter/nf_tables.h.
 const NFTA_TABLE_NAME: u16 = 1;
@@ -51,17 +51,17 @@ const NFTA_SET_TABLE: u16 = 1;
 const NFTA_SET_NAME: u16 = 2;
 const NFTA_SET_FLAGS: u16 = 3;
 const NFTA_SET_USERDATA: u16 = 13;
-const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
-const NFTA_SET_ELEM_LIST_SET: u16 = 2;
-const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-const NFTA_LIST_ELEM: u16 = 1;
-const NFTA_SET_ELEM_KEY: u16 = 1;
-const NFTA_SET_ELEM_DATA: u16 = 2;
+pub(super) const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+pub(super) const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+pub(super) const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+pub(super) const NFTA_LIST_ELEM: u16 = 1;
+pub(super) const NFTA_SET_ELEM_KEY: u16 = 1;
+pub(super) const NFTA_SET_ELEM_DATA: u16 = 2;
 const NFTA_SET_ELEM_FLAGS: u16 = 3;
-const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
+pub(super) const NFTA_DATA_VALUE: u16 = 1;
+pub(super) const NFTA_DATA_VERDICT: u16 = 2;
+pub(super) const NFTA_VERDICT_CODE: u16 = 1;
+pub(super) const NFTA_VERDICT_CHAIN: u16 = 2;
 
 const NFT_SET_INTERVAL: u32 = 0x4;
 const NFT_SET_MAP: u32 = 0x8;
@@ -106,7 +106,7 @@ fn attrs(mut buf: &[u8]) -> impl Iterator<Item = Attr<'_>> {
     })
 }
 
-fn find(buf: &[u8], kind: u16) -> Option<&[u8]> {
+pub(super) fn find(buf: &[u8], kind: u16) -> Option<&[u8]> {
     attrs(buf).find(|a| a.kind == kind).map(|a| a.data)
 }
 
@@ -116,7 +116,7 @@ fn text(data: &[u8]) -> String {
         .to_string()
 }
 
-fn be32(data: &[u8]) -> Option<u32> {
+pub(super) fn be32(data: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(data.get(..4)?.try_into().ok()?))
 }
 
@@ -136,7 +136,7 @@ fn udata_comment(data: &[u8], kind: u8) -> String {
     String::new()
 }
 
-fn push_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
+pub(super) fn push_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
     let len = 4 + value.len();
     buf.extend_from_slice(&(len as u16).to_ne_bytes());
     buf.extend_from_slice(&kind.to_ne_bytes());
@@ -144,7 +144,7 @@ fn push_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
     buf.resize((buf.len() + 3) & !3, 0);
 }
 
-fn cstr(s: &str) -> Vec<u8> {
+pub(super) fn cstr(s: &str) -> Vec<u8> {
     let mut v = s.as_bytes().to_vec();
     v.push(0);
     v
@@ -152,8 +152,8 @@ fn cstr(s: &str) -> Vec<u8> {
 
 /// An open nfnetlink socket in the calling thread's network namespace.
 pub struct Reader {
-    socket: Socket,
-    seq: u32,
+    pub(super) socket: Socket,
+    pub(super) seq: u32,
 }
 
 impl Reader {
@@ -167,7 +167,7 @@ impl Reader {
     }
 
     /// Send one request; collect the payloads (after the nfgenmsg header) of every reply.
-    fn request(
+    pub(super) fn request(
         &mut self,
         what: &str,
         msg: u16,
@@ -397,7 +397,7 @@ impl Reader {
 
 /// One field of a concatenated key or value; each takes a 4-byte-aligned register slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Field {
+pub(super) enum Field {
     Addr,
     Proto,
     Port,
@@ -406,14 +406,14 @@ enum Field {
 }
 
 /// How a set's keys and values read, by set name: the layout is ours, so the names say it.
-struct Fields {
-    key: Vec<Field>,
-    value: Vec<Field>,
-    addr_len: usize,
+pub(super) struct Fields {
+    pub(super) key: Vec<Field>,
+    pub(super) value: Vec<Field>,
+    pub(super) addr_len: usize,
 }
 
 impl Fields {
-    fn of(set: &str, family: IpFamily) -> Fields {
+    pub(super) fn of(set: &str, family: IpFamily) -> Fields {
         use Field::*;
         let (key, value): (Vec<Field>, Vec<Field>) = match set {
             SET_CLUSTER_IPS | SET_SERVICE_CIDRS | SET_NODEPORT_ADDRS => (vec![Addr], vec![]),
