@@ -72,24 +72,37 @@ fn snapshot() -> Snapshot {
     s
 }
 
+/// A namespace of the test's own, deleted on drop even when the test fails; `None` (a skip)
+/// without root.
+struct Namespace(String);
+
+impl Namespace {
+    fn create(tag: &str) -> Option<Namespace> {
+        let ns = format!("{}{tag}", netns::unique_prefix());
+        if let Err(e) = netns::create_namespace(&ns) {
+            assert!(
+                std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
+                "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
+            );
+            println!("SKIP: needs root and network namespaces: {e}");
+            return None;
+        }
+        Some(Namespace(ns))
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        netns::delete_namespace(&self.0);
+    }
+}
+
 #[test]
 fn netlink_reads_what_nft_lists_and_what_was_written() {
-    let ns = format!("{}listing", netns::unique_prefix());
-    if let Err(e) = netns::create_namespace(&ns) {
-        assert!(
-            std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
-            "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
-        );
-        println!("SKIP: needs root and network namespaces: {e}");
+    let Some(guard) = Namespace::create("listing") else {
         return;
-    }
-    struct Cleanup(String);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            netns::delete_namespace(&self.0);
-        }
-    }
-    let _cleanup = Cleanup(ns.clone());
+    };
+    let ns = guard.0.clone();
     let snap = snapshot();
     let (via_netlink, via_json, empty) = netns::in_netns(&ns, || {
         let mut nft = NftCommand::default();
@@ -144,22 +157,10 @@ fn netlink_reads_what_nft_lists_and_what_was_written() {
 
 #[test]
 fn element_batches_commit_exactly_or_not_at_all() {
-    let ns = format!("{}batch", netns::unique_prefix());
-    if let Err(e) = netns::create_namespace(&ns) {
-        assert!(
-            std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
-            "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
-        );
-        println!("SKIP: needs root and network namespaces: {e}");
+    let Some(guard) = Namespace::create("batch") else {
         return;
-    }
-    struct Cleanup(String);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            netns::delete_namespace(&self.0);
-        }
-    }
-    let _cleanup = Cleanup(ns.clone());
+    };
+    let ns = guard.0.clone();
     let before = snapshot();
     let mut after = before.clone();
     // Same endpoint counts, other addresses, both families: elements only.

@@ -284,25 +284,8 @@ pub fn try_commit(tx: &Transaction) -> Result<bool, NetlinkError> {
     );
     reader.socket.send(&g, 0).map_err(NetlinkError::Socket)?;
     loop {
-        let mut datagram: Vec<u8> = Vec::with_capacity(RECV_BUFFER);
-        reader
-            .socket
-            .recv(&mut datagram, 0)
-            .map_err(NetlinkError::Socket)?;
-        let mut rest = datagram.as_slice();
-        while rest.len() >= 16 {
-            let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-            let kind = u16::from_ne_bytes([rest[4], rest[5]]);
-            let mseq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
-            if len < 16 || len > rest.len() {
-                return Err(NetlinkError::Malformed {
-                    what: "batch".into(),
-                    detail: "bad message length".into(),
-                });
-            }
-            let body = &rest[16..len];
-            rest = rest.get((len + 3) & !3..).unwrap_or(&[]);
-            if mseq == fence {
+        for reply in reader.receive()? {
+            if reply.seq == fence {
                 return match first_error {
                     None => Ok(true),
                     Some(errno) => Err(NetlinkError::Kernel {
@@ -311,8 +294,9 @@ pub fn try_commit(tx: &Transaction) -> Result<bool, NetlinkError> {
                     }),
                 };
             }
-            if kind == NLMSG_ERROR {
-                let errno = body
+            if reply.kind == NLMSG_ERROR {
+                let errno = reply
+                    .body
                     .get(..4)
                     .and_then(|b| b.try_into().ok())
                     .map(i32::from_ne_bytes)

@@ -30,7 +30,7 @@ const NLM_F_DUMP_INTR: u16 = 0x10;
 pub(super) const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 
-pub(super) const RECV_BUFFER: usize = 1 << 16;
+const RECV_BUFFER: usize = 1 << 16;
 
 pub(super) const NFPROTO_IPV4: u8 = 2;
 pub(super) const NFPROTO_IPV6: u8 = 10;
@@ -150,6 +150,14 @@ pub(super) fn cstr(s: &str) -> Vec<u8> {
     v
 }
 
+/// One message from the kernel: its header fields and what follows the header.
+pub(super) struct Reply {
+    pub(super) kind: u16,
+    pub(super) flags: u16,
+    pub(super) seq: u32,
+    pub(super) body: Vec<u8>,
+}
+
 /// An open nfnetlink socket in the calling thread's network namespace.
 pub struct Reader {
     pub(super) socket: Socket,
@@ -194,24 +202,8 @@ impl Reader {
         let mut out = Vec::new();
         let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
         loop {
-            // A large buffer matters: the kernel sizes each dump batch by the largest read
-            // seen (up to 32 KiB), and every batch of a hash set's dump walks the set from
-            // the start, so small reads make a 100k-element dump quadratic and take seconds.
-            let mut datagram: Vec<u8> = Vec::with_capacity(RECV_BUFFER);
-            self.socket
-                .recv(&mut datagram, 0)
-                .map_err(NetlinkError::Socket)?;
-            let mut rest = datagram.as_slice();
-            while rest.len() >= 16 {
-                let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-                let kind = u16::from_ne_bytes([rest[4], rest[5]]);
-                let mflags = u16::from_ne_bytes([rest[6], rest[7]]);
-                let mseq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
-                if len < 16 || len > rest.len() {
-                    return Err(malformed("bad message length"));
-                }
-                let body = &rest[16..len];
-                rest = rest.get((len + 3) & !3..).unwrap_or(&[]);
+            for reply in self.receive()? {
+                let (kind, mflags, mseq, body) = (reply.kind, reply.flags, reply.seq, &reply.body);
                 if mseq != seq {
                     continue;
                 }
@@ -242,6 +234,36 @@ impl Reader {
                 return Ok(out);
             }
         }
+    }
+
+    /// One datagram from the kernel, split into its messages.
+    pub(super) fn receive(&mut self) -> Result<Vec<Reply>, NetlinkError> {
+        // A large buffer matters: the kernel sizes each dump batch by the largest read
+        // seen (up to 32 KiB), and every batch of a hash set's dump walks the set from the
+        // start, so small reads make a 100k-element dump quadratic and take seconds.
+        let mut datagram: Vec<u8> = Vec::with_capacity(RECV_BUFFER);
+        self.socket
+            .recv(&mut datagram, 0)
+            .map_err(NetlinkError::Socket)?;
+        let mut out = Vec::new();
+        let mut rest = datagram.as_slice();
+        while rest.len() >= 16 {
+            let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+            if len < 16 || len > rest.len() {
+                return Err(NetlinkError::Malformed {
+                    what: "reply".into(),
+                    detail: "bad message length".into(),
+                });
+            }
+            out.push(Reply {
+                kind: u16::from_ne_bytes([rest[4], rest[5]]),
+                flags: u16::from_ne_bytes([rest[6], rest[7]]),
+                seq: u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]),
+                body: rest[16..len].to_vec(),
+            });
+            rest = rest.get((len + 3) & !3..).unwrap_or(&[]);
+        }
+        Ok(out)
     }
 
     fn dump(
