@@ -262,11 +262,13 @@ impl Agent {
         let started = Instant::now();
         let required = self.schedule.full_required();
         let mut full = self.schedule.start(started);
-        if full && !required && !self.checking {
+        if full && !required {
             // The periodic full sync: reading 100k elements back takes the kernel most of a
             // second, so the check runs beside the syncs, and a full sync follows only if
-            // the kernel turns out changed.
-            self.start_check(started);
+            // the kernel turns out changed. A check still in flight covers this period.
+            if !self.checking {
+                self.start_check(started);
+            }
             if self.checking {
                 self.schedule.periodic_deferred(started);
                 full = false;
