@@ -199,27 +199,6 @@ fn encode(tx: &Transaction) -> Option<Vec<Message>> {
     Some(msgs)
 }
 
-fn message(
-    buf: &mut Vec<u8>,
-    kind: u16,
-    flags: u16,
-    seq: u32,
-    family: u8,
-    res_id: u16,
-    attrs: &[u8],
-) {
-    let len = 16 + 4 + attrs.len();
-    buf.extend_from_slice(&(len as u32).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(&flags.to_ne_bytes());
-    buf.extend_from_slice(&seq.to_ne_bytes());
-    buf.extend_from_slice(&0u32.to_ne_bytes());
-    buf.push(family);
-    buf.push(0);
-    buf.extend_from_slice(&res_id.to_be_bytes());
-    buf.extend_from_slice(attrs);
-}
-
 /// Commit `tx` as one batch if it only adds and deletes elements we can encode. `Ok(false)`
 /// means it was not tried (use `nft`); an error means the kernel refused the batch, which
 /// then changed nothing.

@@ -150,6 +150,28 @@ pub(super) fn cstr(s: &str) -> Vec<u8> {
     v
 }
 
+/// Append one netlink message with its nfgenmsg header (`res_id` is big-endian on the wire).
+pub(super) fn message(
+    buf: &mut Vec<u8>,
+    kind: u16,
+    flags: u16,
+    seq: u32,
+    family: u8,
+    res_id: u16,
+    attrs: &[u8],
+) {
+    let len = 16 + 4 + attrs.len();
+    buf.extend_from_slice(&(len as u32).to_ne_bytes());
+    buf.extend_from_slice(&kind.to_ne_bytes());
+    buf.extend_from_slice(&flags.to_ne_bytes());
+    buf.extend_from_slice(&seq.to_ne_bytes());
+    buf.extend_from_slice(&0u32.to_ne_bytes());
+    buf.push(family);
+    buf.push(0);
+    buf.extend_from_slice(&res_id.to_be_bytes());
+    buf.extend_from_slice(attrs);
+}
+
 /// One message from the kernel: its header fields and what follows the header.
 pub(super) struct Reply {
     pub(super) kind: u16,
@@ -186,14 +208,15 @@ impl Reader {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let mut buf = Vec::with_capacity(32 + attrs_buf.len());
-        let len = 16 + 4 + attrs_buf.len();
-        buf.extend_from_slice(&(len as u32).to_ne_bytes());
-        buf.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | msg).to_ne_bytes());
-        buf.extend_from_slice(&(NLM_F_REQUEST | flags).to_ne_bytes());
-        buf.extend_from_slice(&seq.to_ne_bytes());
-        buf.extend_from_slice(&0u32.to_ne_bytes());
-        buf.extend_from_slice(&[family, 0, 0, 0]);
-        buf.extend_from_slice(attrs_buf);
+        message(
+            &mut buf,
+            (NFNL_SUBSYS_NFTABLES << 8) | msg,
+            NLM_F_REQUEST | flags,
+            seq,
+            family,
+            0,
+            attrs_buf,
+        );
         self.socket.send(&buf, 0).map_err(NetlinkError::Socket)?;
         let malformed = |detail: &str| NetlinkError::Malformed {
             what: what.to_string(),

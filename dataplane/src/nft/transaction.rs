@@ -298,6 +298,33 @@ fn create_table(tx: &mut Transaction, family: IpFamily, new: &Table) {
     }
 }
 
+/// The rules of each named chain of `table`, after its flush or creation.
+fn write_rules(tx: &mut Transaction, family: IpFamily, table: &Table, names: &[&String]) {
+    for name in names {
+        if let Some(chain) = table.chains.get(*name) {
+            for rule in rules_with_fingerprint(chain) {
+                tx.ops.push(Op::AddRule {
+                    family,
+                    chain: (*name).clone(),
+                    rule,
+                });
+            }
+        }
+    }
+}
+
+/// Empty a chain, then delete it.
+fn remove_chain(tx: &mut Transaction, family: IpFamily, name: &str) {
+    tx.ops.push(Op::FlushChain {
+        family,
+        name: name.to_string(),
+    });
+    tx.ops.push(Op::DeleteChain {
+        family,
+        name: name.to_string(),
+    });
+}
+
 fn update_table(tx: &mut Transaction, family: IpFamily, old: &Table, new: &Table, full: bool) {
     let mut changed_chains = Vec::new();
     for (name, set) in &new.sets {
@@ -329,17 +356,7 @@ fn update_table(tx: &mut Transaction, family: IpFamily, old: &Table, new: &Table
             Some(_) => {}
         }
     }
-    for name in changed_chains {
-        if let Some(chain) = new.chains.get(name) {
-            for rule in rules_with_fingerprint(chain) {
-                tx.ops.push(Op::AddRule {
-                    family,
-                    chain: name.clone(),
-                    rule,
-                });
-            }
-        }
-    }
+    write_rules(tx, family, new, &changed_chains);
     // Deletions first, so a changed map value is delete + add within the same commit.
     let mut adds = Vec::new();
     let none = Set::default();
@@ -376,14 +393,7 @@ fn update_table(tx: &mut Transaction, family: IpFamily, old: &Table, new: &Table
     // Chains go last: the elements and rules that referenced them are gone by now.
     for name in old.chains.keys() {
         if !new.chains.contains_key(name) {
-            tx.ops.push(Op::FlushChain {
-                family,
-                name: name.clone(),
-            });
-            tx.ops.push(Op::DeleteChain {
-                family,
-                name: name.clone(),
-            });
+            remove_chain(tx, family, name);
         }
     }
 }
@@ -439,17 +449,7 @@ pub fn patch(new: &Ruleset, touched: &[(IpFamily, Touched)]) -> Transaction {
                 _ => {}
             }
         }
-        for name in written {
-            if let Some(chain) = table.chains.get(name) {
-                for rule in rules_with_fingerprint(chain) {
-                    tx.ops.push(Op::AddRule {
-                        family,
-                        chain: name.clone(),
-                        rule,
-                    });
-                }
-            }
-        }
+        write_rules(&mut tx, family, table, &written);
         let mut deleted: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         let mut added: BTreeMap<&str, Vec<(String, Option<String>)>> = BTreeMap::new();
         for ((set, key), old) in &t.elements {
@@ -479,14 +479,7 @@ pub fn patch(new: &Ruleset, touched: &[(IpFamily, Touched)]) -> Transaction {
             });
         }
         for name in gone {
-            tx.ops.push(Op::FlushChain {
-                family,
-                name: name.clone(),
-            });
-            tx.ops.push(Op::DeleteChain {
-                family,
-                name: name.clone(),
-            });
+            remove_chain(&mut tx, family, name);
         }
     }
     tx
