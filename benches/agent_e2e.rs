@@ -4,7 +4,9 @@
 //! `switchyard_event_to_kernel_seconds` histogram), its syncs and its CPU share.
 //!
 //! Run: `cargo bench --bench agent_e2e` as root. Knobs: SY_BENCH_SERVICES (10000),
-//! SY_BENCH_RATE changes per second (100), SY_BENCH_SECONDS (60), SY_BENCH_MIN_SYNC (0s).
+//! SY_BENCH_RATE changes per second (100), SY_BENCH_SECONDS (60), SY_BENCH_MIN_SYNC (0s),
+//! SY_BENCH_SYNC_PERIOD (30s), SY_BENCH_FOREIGN (0; 1: another program commits to nftables
+//! every second, so each periodic check has to read the kernel back).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 #![allow(dead_code)]
@@ -88,6 +90,8 @@ fn main() {
     let rate: usize = env_or("SY_BENCH_RATE", 100);
     let seconds: u64 = env_or("SY_BENCH_SECONDS", 60);
     let min_sync: String = env_or("SY_BENCH_MIN_SYNC", "0s".to_string());
+    let sync_period: String = env_or("SY_BENCH_SYNC_PERIOD", "30s".to_string());
+    let foreign: bool = env_or("SY_BENCH_FOREIGN", 0u8) == 1;
     let ns = format!("sy-bench-agent-{}", std::process::id());
     if let Err(e) = netns::create_namespace(&ns) {
         println!("SKIP agent_e2e: {e}");
@@ -108,7 +112,7 @@ fn main() {
     let cfg = dir.path().join("config.yaml");
     std::fs::write(
         &cfg,
-        format!("kind: KubeProxyConfiguration\nhostnameOverride: bench\nminSyncPeriod: {min_sync}\nsyncPeriod: 30s\nhealthzBindAddress: 127.0.0.1:10256\n"),
+        format!("kind: KubeProxyConfiguration\nhostnameOverride: bench\nminSyncPeriod: {min_sync}\nsyncPeriod: {sync_period}\nhealthzBindAddress: 127.0.0.1:10256\n"),
     )
     .unwrap();
     let mut agent = std::process::Command::new("ip")
@@ -143,6 +147,30 @@ fn main() {
     let before = scrape(&ns);
     let cpu0 = cpu_seconds(agent.id());
     let t0 = Instant::now();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let other = foreign.then(|| {
+        let (ns, stop) = (ns.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut k = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let verb = if k.is_multiple_of(2) { "add" } else { "delete" };
+                let _ = std::process::Command::new("ip")
+                    .args([
+                        "netns",
+                        "exec",
+                        &ns,
+                        "nft",
+                        verb,
+                        "table",
+                        "ip",
+                        "someone-else",
+                    ])
+                    .status();
+                k += 1;
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })
+    });
     let interval = Duration::from_secs_f64(1.0 / rate as f64);
     let total = rate * seconds as usize;
     for k in 0..total {
@@ -153,6 +181,10 @@ fn main() {
         api.apply(slice((k * 7919) % services, k + 1));
     }
     let elapsed = t0.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(t) = other {
+        let _ = t.join();
+    }
     std::thread::sleep(Duration::from_secs(2));
     let cpu = cpu_seconds(agent.id()) - cpu0;
     let after = scrape(&ns);
@@ -161,13 +193,29 @@ fn main() {
     drop(api);
     netns::delete_namespace(&ns);
 
-    let name = "switchyard_event_to_kernel_seconds";
-    let b0 = buckets(&before, name);
-    let b1: Vec<(f64, f64)> = buckets(&after, name)
-        .into_iter()
-        .zip(b0.iter().map(|x| x.1).chain(std::iter::repeat(0.0)))
-        .map(|((le, c), c0)| (le, c - c0))
-        .collect();
+    // The histogram's counts over the run, per bucket: (upper bound, cumulative count).
+    let during = |name: &str| -> Vec<(f64, f64)> {
+        let b0 = buckets(&before, name);
+        buckets(&after, name)
+            .into_iter()
+            .zip(b0.iter().map(|x| x.1).chain(std::iter::repeat(0.0)))
+            .map(|((le, c), c0)| (le, c - c0))
+            .collect()
+    };
+    // Non-empty buckets, for the shape of the tail.
+    let spread = |b: &[(f64, f64)]| -> String {
+        let mut below = 0.0;
+        let mut out = Vec::new();
+        for &(le, c) in b {
+            if c > below {
+                out.push(format!("<={:.0}ms:{}", le * 1000.0, c - below));
+            }
+            below = c;
+        }
+        out.join(" ")
+    };
+    let b1 = during("switchyard_event_to_kernel_seconds");
+    let syncs_by_bucket = during("kubeproxy_sync_proxy_rules_duration_seconds");
     let delta =
         |name: &str| value(&after, name).unwrap_or(0.0) - value(&before, name).unwrap_or(0.0);
     let mean_ms = |kind: &str| {
@@ -183,8 +231,9 @@ fn main() {
     let (full, full_mean) = mean_ms("full_");
     let (partial, partial_mean) = mean_ms("partial_");
     println!(
-        "agent_e2e: {services} services x 10 endpoints, {rate} endpoint changes/s for {:.1} s, minSyncPeriod {min_sync}",
-        elapsed.as_secs_f64()
+        "agent_e2e: {services} services x 10 endpoints, {rate} endpoint changes/s for {:.1} s, minSyncPeriod {min_sync}, syncPeriod {sync_period}{}",
+        elapsed.as_secs_f64(),
+        if foreign { ", a foreign nftables commit every second" } else { "" }
     );
     println!(
         "  first sync after start (initial lists + full sync): {:.2} s",
@@ -195,6 +244,14 @@ fn main() {
         quantile(&b1, 0.50) * 1000.0,
         quantile(&b1, 0.99) * 1000.0,
         b1.last().map(|x| x.1).unwrap_or(0.0)
+    );
+    println!("  event to kernel by bucket: {}", spread(&b1));
+    println!("  sync duration by bucket: {}", spread(&syncs_by_bucket));
+    println!(
+        "  periodic kernel checks: {} by generation, {} read back; drift repairs: {}",
+        delta(r#"switchyard_kernel_checks_total{method="generation"}"#),
+        delta(r#"switchyard_kernel_checks_total{method="read"}"#),
+        delta("switchyard_drift_repairs_total"),
     );
     println!(
         "  syncs: {syncs}, mean {mean:.1} ms ({partial} partial, mean {partial_mean:.1} ms; {full} full, mean {full_mean:.1} ms); agent CPU {:.1}% of one core",

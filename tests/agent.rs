@@ -264,6 +264,23 @@ fn run_programs_follows_edits_repairs_drift_and_reports() {
     write_atomically(&cluster, &manifests("10.0.0.3"));
     agent.wait_ruleset("the fixed endpoint", |rs| rs.contains("10.0.0.3"));
 
+    // With nobody else committing to nftables, the periodic check (syncPeriod 2s) needs no
+    // read: the kernel's generation moved only by our own commits.
+    let by_generation = r#"switchyard_kernel_checks_total{method="generation"}"#;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, text) = agent.get(METRICS, "/metrics");
+        if exposition::value(&text, by_generation).unwrap_or(0.0) >= 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no periodic check by generation\n{text}\nagent log:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
     // Someone deletes our table: the next full sync (syncPeriod 2s) puts it back.
     let del = netns::run(
         "ip",
@@ -304,9 +321,14 @@ fn run_programs_follows_edits_repairs_drift_and_reports() {
         agent.metric(&text, "switchyard_drift_repairs_total") >= 1.0,
         "{text}"
     );
-    // The deletion was found by the periodic check that reads the kernel in the background.
+    // The deletion moved the generation, so the periodic check read the kernel back (in
+    // the background) and found it.
     assert!(
         agent.metric(&text, "switchyard_kernel_check_duration_seconds_count") >= 1.0,
+        "{text}"
+    );
+    assert!(
+        agent.metric(&text, r#"switchyard_kernel_checks_total{method="read"}"#) >= 1.0,
         "{text}"
     );
     assert!(agent.metric(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_total") >= 3.0);

@@ -110,7 +110,8 @@ fn netlink_reads_what_nft_lists_and_what_was_written() {
         nft.apply(&NftBackend::<NftCommand>::render(&snap))
             .expect("programming the table");
         let netlink = nft.read().expect("netlink read");
-        let (again, consistent) = dataplane::nft::exec::read_kernel().expect("read_kernel");
+        let (again, generation) = dataplane::nft::exec::read_kernel().expect("read_kernel");
+        let consistent = generation.is_some();
         assert!(consistent, "nothing committed during the read");
         assert_eq!(again, netlink);
         let json = nft.read_json().expect("nft -j list");
@@ -205,6 +206,82 @@ fn element_batches_commit_exactly_or_not_at_all() {
             });
         assert!(dataplane::nft::batch::try_commit(&bad).is_err());
         assert_eq!(nft.read().expect("read after refusal"), got);
+        Ok(())
+    })
+    .expect("in the namespace");
+}
+
+/// The periodic check skips reading the kernel back when only our own commits happened
+/// since it last matched, which rests on the kernel moving its generation by exactly one
+/// per commit: for `nft -f` files of many operations and for netlink batches alike, and on
+/// every commit of anyone else.
+#[test]
+fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
+    let Some(guard) = Namespace::create("gen") else {
+        return;
+    };
+    let ns = guard.0.clone();
+    let before = snapshot();
+    let name = ServicePortName::new("bench", "svc-3", "http", Protocol::Tcp);
+    let key = [("bench".to_string(), "svc-3".to_string())].into();
+    netns::in_netns(&ns, || {
+        use dataplane::backend::{Backend, Scope};
+        let nft = |args: &[&str]| {
+            let out = std::process::Command::new("nft")
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "nft {args:?}: {out:?}");
+        };
+        let mut be = NftBackend::new(NftCommand::default());
+        let r = be.sync(&before, Scope::Full).expect("first sync");
+        assert!(r.stats.operations() > 10, "{}", r.summary());
+        assert!(be.kernel_unchanged(), "read, then one `nft -f` commit");
+
+        // Same endpoint count: a netlink element batch.
+        let mut moved = before.clone();
+        moved.endpoints.get_mut(&name).unwrap()[1].ip = ip("10.77.0.1");
+        let r = be.sync(&moved, Scope::Services(&key)).expect("batch");
+        assert!(
+            r.stats.elements_added > 0 && r.stats.chains_written == 0,
+            "{r:?}"
+        );
+        assert!(be.kernel_unchanged(), "after an element batch");
+
+        // One endpoint more: the service's chain is rewritten through `nft -f`.
+        let mut grown = moved.clone();
+        grown
+            .endpoints
+            .get_mut(&name)
+            .unwrap()
+            .push(Endpoint::ready(ip("10.77.0.2"), 8080));
+        let r = be.sync(&grown, Scope::Services(&key)).expect("chain");
+        assert!(r.stats.chains_written > 0, "{r:?}");
+        assert!(
+            be.kernel_unchanged(),
+            "after an `nft -f` of several operations"
+        );
+
+        // Someone else's commit, to another table: only a read can tell.
+        nft(&["add", "table", "ip", "someone-else"]);
+        assert!(!be.kernel_unchanged(), "a foreign commit");
+        let r = be.sync(&grown, Scope::Full).expect("full sync");
+        assert!(!r.drift, "the other table is not ours: {}", r.summary());
+        assert!(be.kernel_unchanged(), "a full sync re-reads");
+
+        // Someone deletes one of our elements: seen, and the full sync repairs it.
+        nft(&[
+            "delete",
+            "element",
+            "ip",
+            "switchyard",
+            layout::SET_CLUSTER_IPS,
+            "{ 172.16.0.99 }",
+        ]);
+        assert!(!be.kernel_unchanged(), "a deletion in our table");
+        let r = be.sync(&grown, Scope::Full).expect("repair");
+        assert!(r.drift && r.stats.elements_added > 0, "{}", r.summary());
+        assert!(be.kernel_unchanged());
         Ok(())
     })
     .expect("in the namespace");

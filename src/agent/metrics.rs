@@ -27,6 +27,7 @@ pub struct Metrics {
     pub kernel_operations: Histogram,
     pub event_to_kernel: Histogram,
     pub kernel_checks: Histogram,
+    pub kernel_checks_by: IntCounterVec,
     pub watch_errors: IntCounterVec,
     pub sync_failures: IntCounterVec,
     pub programmed: GaugeVec,
@@ -203,6 +204,16 @@ impl Metrics {
                 "switchyard_kernel_check_duration_seconds",
                 "Periodic checks that the kernel holds what was programmed: reading it back in the background and comparing",
                 exponential_buckets(0.001, 2.0, 15)?,
+            )?,
+            kernel_checks_by: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "switchyard_kernel_checks_total",
+                        "Periodic kernel checks, by method: \"generation\" when nobody else had committed to nftables since the kernel last matched, \"read\" when it was read back and compared",
+                    ),
+                    &["method"],
+                )?,
             )?,
             watch_errors: register(
                 &r,

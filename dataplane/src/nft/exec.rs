@@ -37,6 +37,21 @@ pub trait NftExecutor {
     fn read(&mut self) -> Result<Ruleset, NftError>;
     /// Commit a transaction atomically.
     fn apply(&mut self, tx: &Transaction) -> Result<(), NftError>;
+    /// The kernel's ruleset generation. Every commit to nftables in the network namespace,
+    /// by anyone and to any table, moves it on by exactly one (an aborted one does not), so
+    /// it tells whether someone else committed between two of our commits. `None` when this
+    /// executor cannot tell.
+    fn generation(&mut self) -> Result<Option<u32>, NftError> {
+        Ok(None)
+    }
+}
+
+/// The generation after `g`: the kernel skips 0 when its counter wraps.
+pub fn next_generation(g: u32) -> u32 {
+    match g.wrapping_add(1) {
+        0 => 1,
+        n => n,
+    }
 }
 
 /// The real executor: the `nft` command.
@@ -110,9 +125,10 @@ impl NftCommand {
 }
 
 /// Our tables as the kernel holds them, over nfnetlink, from the calling thread's network
-/// namespace; usable from any thread. The flag says whether no commit happened during the
-/// read: a dump of a set that changes meanwhile can miss elements that never moved.
-pub fn read_kernel() -> Result<(Ruleset, bool), NftError> {
+/// namespace; usable from any thread. With the generation the read saw, when no commit
+/// happened during it; `None` when one did: a dump of a set that changes meanwhile can miss
+/// elements that never moved.
+pub fn read_kernel() -> Result<(Ruleset, Option<u32>), NftError> {
     let mut reader = Reader::open()?;
     let before = reader.generation()?;
     let mut rs = Ruleset::default();
@@ -122,13 +138,18 @@ pub fn read_kernel() -> Result<(Ruleset, bool), NftError> {
         }
     }
     let after = reader.generation()?;
-    Ok((rs, before == after))
+    Ok((rs, (before == after).then_some(after)))
 }
 
 impl NftExecutor for NftCommand {
     fn read(&mut self) -> Result<Ruleset, NftError> {
-        // Syncs do not run concurrently with this read, so it is consistent.
+        // Our syncs do not run concurrently with this read; see [`NftBackend`] for the
+        // generation check that covers everyone else's commits.
         read_kernel().map(|(rs, _)| rs)
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, NftError> {
+        Ok(Some(Reader::open()?.generation()?))
     }
 
     fn apply(&mut self, tx: &Transaction) -> Result<(), NftError> {
@@ -155,6 +176,16 @@ pub struct FakeNft {
     pub applied: usize,
     /// Refuse the next transaction, as nft would on a bad rule.
     pub fail_next: bool,
+    /// Moves on with every commit, ours or [`FakeNft::foreign`].
+    pub generation: u32,
+}
+
+impl FakeNft {
+    /// Someone else commits to the kernel.
+    pub fn foreign(&mut self, change: impl FnOnce(&mut Ruleset)) {
+        change(&mut self.state);
+        self.generation = next_generation(self.generation);
+    }
 }
 
 impl NftExecutor for FakeNft {
@@ -169,6 +200,11 @@ impl NftExecutor for FakeNft {
         self.state = apply(&self.state, tx).map_err(|e| NftError::Fake(e.0))?;
         self.last = Some(tx.clone());
         self.applied += 1;
+        self.generation = next_generation(self.generation);
         Ok(())
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, NftError> {
+        Ok(Some(self.generation))
     }
 }

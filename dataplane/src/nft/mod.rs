@@ -34,6 +34,10 @@ pub struct NftBackend<E: NftExecutor> {
     applied: Option<Applied>,
     /// While a background read of the kernel runs: what our commits touched since it began.
     verifying: Option<verify::Recent>,
+    /// The kernel generation at which the kernel is known to hold `applied`: set by a read
+    /// no commit overlapped, carried over our own commits while each moves it on by one.
+    /// Anyone else's commit breaks the chain, and then only a read can tell.
+    held_at: Option<u32>,
 }
 
 impl<E: NftExecutor> NftBackend<E> {
@@ -42,6 +46,7 @@ impl<E: NftExecutor> NftBackend<E> {
             exec,
             applied: None,
             verifying: None,
+            held_at: None,
         }
     }
 
@@ -63,13 +68,41 @@ impl<E: NftExecutor> NftBackend<E> {
         self.verifying.is_some()
     }
 
-    /// How `kernel`, read since [`Self::begin_verify`], differs from what was committed,
-    /// leaving out what was committed meanwhile; `None` when there is nothing to compare
-    /// (no verification begun, or a failed sync since, which forces a full sync anyway).
-    pub fn finish_verify(&mut self, kernel: &Ruleset) -> Option<Vec<String>> {
+    /// How `kernel`, read since [`Self::begin_verify`] at `generation` (`None`: commits
+    /// overlapped the read), differs from what was committed, leaving out what was
+    /// committed meanwhile; `None` when there is nothing to compare (no verification
+    /// begun, or a failed sync since, which forces a full sync anyway).
+    pub fn finish_verify(
+        &mut self,
+        kernel: &Ruleset,
+        generation: Option<u32>,
+    ) -> Option<Vec<String>> {
         let recent = self.verifying.take()?;
         let applied = self.applied.as_ref()?;
-        Some(verify::differences(kernel, &applied.ruleset, &recent))
+        let differences = verify::differences(kernel, &applied.ruleset, &recent);
+        if differences.is_empty() && recent.is_empty() && generation.is_some() {
+            // Nothing of ours was committed since the read, which found our state whole.
+            self.held_at = generation;
+        }
+        Some(differences)
+    }
+
+    /// Whether nobody but us has committed to nftables since the kernel was last known to
+    /// hold what we programmed, so that it still does: one generation request instead of
+    /// reading 100k elements back. False when that cannot be told.
+    pub fn kernel_unchanged(&mut self) -> bool {
+        if self.applied.is_none() || self.held_at.is_none() {
+            return false;
+        }
+        matches!(self.exec.generation(), Ok(g) if g.is_some() && g == self.held_at)
+    }
+
+    /// Read the kernel, and the generation it was read at if no commit overlapped.
+    fn read(&mut self) -> Result<(Ruleset, Option<u32>), BackendError> {
+        let before = self.exec.generation()?;
+        let kernel = self.exec.read()?;
+        let after = self.exec.generation()?;
+        Ok((kernel, after.filter(|_| before == after)))
     }
 
     fn commit(&mut self, tx: &transaction::Transaction) -> Result<(), BackendError> {
@@ -80,11 +113,20 @@ impl<E: NftExecutor> NftBackend<E> {
             // Recorded before the commit: if it fails, the next sync is full anyway.
             recent.record(tx);
         }
-        self.exec.apply(tx).map_err(|e| {
+        let held = self.held_at.take();
+        if let Err(e) = self.exec.apply(tx) {
             // The kernel kept its previous state; the next sync must re-read it.
             self.applied = None;
-            e.into()
-        })
+            return Err(e.into());
+        }
+        // Our commit moved the generation on by one; more means someone else's came
+        // between. A failure to ask only costs the next periodic check a read.
+        let now = self.exec.generation().ok().flatten();
+        self.held_at = match (held, now) {
+            (Some(h), Some(g)) if g == exec::next_generation(h) => Some(g),
+            _ => None,
+        };
+        Ok(())
     }
 
     /// Only the changed services, in place, when the layout allows it.
@@ -132,12 +174,17 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
                 }
             }
             (Scope::Full, Some(applied)) => {
-                let kernel = self.exec.read()?;
+                let (kernel, at) = self.read()?;
                 drift = !transaction::diff(&kernel, &applied.ruleset, false).is_empty();
+                self.held_at = at;
                 kernel
             }
             (_, Some(applied)) => applied.ruleset,
-            (_, None) => self.exec.read()?,
+            (_, None) => {
+                let (kernel, at) = self.read()?;
+                self.held_at = at;
+                kernel
+            }
         };
         let (desired, index, layout) = layout::layout(snapshot, &current);
         let tx = transaction::diff(&current, &desired, full);
@@ -166,6 +213,7 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
             self.exec.apply(&tx)?;
         }
         self.applied = None;
+        self.held_at = None;
         Ok(removed)
     }
 }

@@ -253,6 +253,52 @@ fn kernel_drift_is_repaired_by_a_full_sync() {
 }
 
 #[test]
+fn only_our_own_commits_since_the_last_match_prove_the_kernel_unchanged() {
+    let mut be = NftBackend::new(FakeNft::default());
+    assert!(!be.kernel_unchanged(), "nothing programmed yet");
+    let one = port("a", "b", "172.30.0.1", 80);
+    let s = snapshot(vec![(one.clone(), vec!["10.0.0.1"])]);
+    be.sync(&s, Scope::All).unwrap();
+    assert!(be.kernel_unchanged(), "read, then our one commit");
+    let s2 = snapshot(vec![(one.clone(), vec!["10.0.0.1", "10.0.0.2"])]);
+    let changed = [("a".to_string(), "b".to_string())].into();
+    let r = be.sync(&s2, Scope::Services(&changed)).unwrap();
+    assert!(!r.full && r.stats.operations() > 0);
+    assert!(be.kernel_unchanged(), "a partial commit of ours");
+
+    // Someone else commits: only a read can tell whether our table was touched.
+    be.exec.foreign(|_| {});
+    assert!(!be.kernel_unchanged());
+    // Our next commit does not restore the proof: the chain is broken.
+    let s3 = snapshot(vec![(one.clone(), vec!["10.0.0.3"])]);
+    be.sync(&s3, Scope::Services(&changed)).unwrap();
+    assert!(!be.kernel_unchanged());
+    // A read no commit overlapped that finds our state whole restores it...
+    assert!(be.begin_verify());
+    let read = be.exec.state.clone();
+    let at = be.exec.generation;
+    assert_eq!(be.finish_verify(&read, Some(at)), Some(vec![]));
+    assert!(be.kernel_unchanged());
+    // ...but not one that commits overlapped, nor one beside a commit of ours.
+    be.exec.foreign(|_| {});
+    assert!(be.begin_verify());
+    assert_eq!(be.finish_verify(&be.exec.state.clone(), None), Some(vec![]));
+    assert!(!be.kernel_unchanged());
+    assert!(be.begin_verify());
+    let (read, at) = (be.exec.state.clone(), be.exec.generation);
+    be.sync(&s2, Scope::Services(&changed)).unwrap();
+    assert_eq!(be.finish_verify(&read, Some(at)), Some(vec![]));
+    assert!(!be.kernel_unchanged());
+
+    // A full sync re-reads and re-establishes it; a failed commit drops it.
+    be.sync(&s2, Scope::Full).unwrap();
+    assert!(be.kernel_unchanged());
+    be.exec.fail_next = true;
+    assert!(be.sync(&s3, Scope::Services(&changed)).is_err());
+    assert!(!be.kernel_unchanged());
+}
+
+#[test]
 fn cleanup_removes_both_tables_only() {
     let mut be = NftBackend::new(FakeNft::default());
     be.sync(&snapshot(vec![]), Scope::All).unwrap();
