@@ -162,6 +162,10 @@ impl Agent {
 
     /// GET over real TCP inside the namespace: (status, body).
     fn get(&self, addr: &str, path: &str) -> (u16, String) {
+        self.try_get(addr, path).expect("http get in namespace")
+    }
+
+    fn try_get(&self, addr: &str, path: &str) -> std::io::Result<(u16, String)> {
         let addr = addr.to_string();
         let path = path.to_string();
         netns::in_netns(&self.ns, move || {
@@ -178,13 +182,17 @@ impl Agent {
                 .nth(1)
                 .and_then(|c| c.parse().ok())
                 .unwrap_or(0);
-            let body = resp
-                .split_once("\r\n\r\n")
-                .map(|(_, b)| b.to_string())
-                .unwrap_or_default();
+            let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+            let chunked = head
+                .to_ascii_lowercase()
+                .contains("transfer-encoding: chunked");
+            let body = if chunked {
+                dechunk(body)
+            } else {
+                body.to_string()
+            };
             Ok((status, body))
         })
-        .expect("http get in namespace")
     }
 
     fn metric(&self, text: &str, name: &str) -> f64 {
@@ -590,4 +598,174 @@ fn healthz_and_livez_fail_while_a_queued_update_goes_stale() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The payload of a chunked HTTP/1.1 body (Prometheus sends large answers so).
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A Prometheus server started inside a namespace; killed on drop.
+struct Prometheus {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Prometheus {
+    const ADDR: &'static str = "127.0.0.1:9090";
+
+    /// `None` (a skip) where Prometheus is not installed, unless CI requires every real part.
+    fn start(ns: &str, dir: &Path, target: &str) -> Option<Prometheus> {
+        let Some(bin) = which("prometheus") else {
+            assert!(
+                std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
+                "SWITCHYARD_REQUIRE_NETNS=1 but prometheus is not on PATH"
+            );
+            println!("SKIP: prometheus is not installed");
+            return None;
+        };
+        let cfg = dir.join("prometheus.yml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "global: {{ scrape_interval: 1s, scrape_timeout: 1s }}\n\
+                 scrape_configs:\n\
+                 - job_name: switchyard\n  static_configs: [{{ targets: ['{target}'] }}]\n"
+            ),
+        )
+        .unwrap();
+        let log = dir.join("prometheus.log");
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .arg(bin)
+            .arg(format!("--config.file={}", cfg.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={}", Self::ADDR))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start prometheus");
+        Some(Prometheus { child, log })
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn which(program: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+#[test]
+fn a_real_prometheus_scrapes_the_kube_proxy_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    write_atomically(&dir.path().join("cluster.yaml"), &manifests("10.0.0.1"));
+    let Some(agent) = Agent::start("prometheus", dir.path()) else {
+        return;
+    };
+    agent.wait_ruleset("the first sync", |rs| rs.contains("10.0.0.1"));
+    let Some(prom) = Prometheus::start(&agent.ns, dir.path(), METRICS) else {
+        return;
+    };
+
+    // Instant queries over Prometheus's HTTP API, until it has scraped at least twice.
+    let query = |q: &str| -> Value {
+        let q: String = q
+            .bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'.' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        // Refused until Prometheus listens.
+        let Ok((200, body)) = agent.try_get(Prometheus::ADDR, &format!("/api/v1/query?query={q}"))
+        else {
+            return Value::Null;
+        };
+        serde_json::from_str(&body).unwrap_or(Value::Null)
+    };
+    let series = |v: &Value| v["data"]["result"].as_array().cloned().unwrap_or_default();
+    let sample = |s: &Value| -> f64 { s["value"][1].as_str().unwrap().parse().unwrap() };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let up = series(&query("up"));
+        let samples = series(&query("scrape_samples_scraped"));
+        if up.len() == 1 && sample(&up[0]) == 1.0 && !samples.is_empty() {
+            let count = series(&query("count_over_time(up[1m])"));
+            if count.len() == 1 && sample(&count[0]) >= 2.0 {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "prometheus never scraped the agent successfully twice; up = {up:?}\n\
+             prometheus log:\n{}\nagent log:\n{}",
+            prom.log(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    // The histogram arrives with kube-proxy's buckets, parsed by Prometheus itself.
+    let buckets = series(&query("kubeproxy_sync_proxy_rules_duration_seconds_bucket"));
+    let mut les: Vec<String> = buckets
+        .iter()
+        .map(|s| s["metric"]["le"].as_str().unwrap().to_string())
+        .collect();
+    les.sort_by(|a, b| {
+        let f = |x: &str| x.parse::<f64>().unwrap_or(f64::INFINITY);
+        f(a).total_cmp(&f(b))
+    });
+    assert_eq!(
+        les,
+        [
+            "0.001", "0.002", "0.004", "0.008", "0.016", "0.032", "0.064", "0.128", "0.256",
+            "0.512", "1.024", "2.048", "4.096", "8.192", "16.384", "+Inf"
+        ]
+    );
+    let syncs = series(&query("kubeproxy_sync_proxy_rules_duration_seconds_count"));
+    assert_eq!(syncs.len(), 1, "{syncs:?}");
+    assert!(sample(&syncs[0]) >= 1.0, "{syncs:?}");
+    // A quantile the way a dashboard asks for it.
+    let p99 = series(&query(
+        "histogram_quantile(0.99,kubeproxy_sync_proxy_rules_duration_seconds_bucket)",
+    ));
+    assert_eq!(p99.len(), 1, "{p99:?}");
+    let p99 = sample(&p99[0]);
+    assert!(p99 > 0.0 && p99 <= 16.384, "p99 {p99}");
+    // The gauge an alert on stale rules uses, within a minute of now.
+    let last = series(&query("kubeproxy_sync_proxy_rules_last_timestamp_seconds"));
+    assert_eq!(last.len(), 1, "{last:?}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!((now - sample(&last[0])).abs() < 60.0, "{last:?}");
+    // Process metrics from the same endpoint.
+    let rss = series(&query("process_resident_memory_bytes"));
+    assert!(!rss.is_empty() && sample(&rss[0]) > 0.0, "{rss:?}");
 }
