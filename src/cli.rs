@@ -77,6 +77,9 @@ pub struct CleanupArgs {
     /// Dataplane mode whose rules to remove (default: all Switchyard installs).
     #[arg(long)]
     pub proxy_mode: Option<String>,
+    /// iptables: auto (the back end holding rules), nft or legacy.
+    #[arg(long, default_value = "auto")]
+    pub iptables_backend: String,
 }
 
 /// kube-proxy's flags; each overrides the configuration file.
@@ -85,6 +88,9 @@ pub struct ProxyFlags {
     /// nftables (default), iptables or ipvs.
     #[arg(long)]
     pub proxy_mode: Option<String>,
+    /// iptables mode: auto (the back end the node's rules are in), nft or legacy.
+    #[arg(long)]
+    pub iptables_backend: Option<String>,
     /// The node's name, instead of the hostname.
     #[arg(long)]
     pub hostname_override: Option<String>,

@@ -7,6 +7,8 @@ use crate::manifests::{self, ManifestError};
 use crate::nodeaddr::Interfaces;
 use crate::snapshot::{self, Skipped};
 use dataplane::backend::{Backend, BackendError, Scope};
+use dataplane::iptables::exec::{IptablesCommand, IptablesError};
+use dataplane::iptables::IptablesBackend;
 use dataplane::model::Snapshot;
 use dataplane::nft::exec::NftCommand;
 use dataplane::nft::NftBackend;
@@ -22,8 +24,10 @@ pub enum CommandError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Agent(#[from] AgentError),
-    #[error("proxy mode {0} is not implemented yet; use nftables")]
+    #[error("proxy mode {0} is not implemented yet; use nftables or iptables")]
     ModeNotImplemented(&'static str),
+    #[error("`switchyard run` in {0} mode is not implemented yet; `sync --once`, `render` and `cleanup` are, and `run` works in nftables mode")]
+    AgentModeNotImplemented(&'static str),
     #[error("`sync` without --once is the continuous agent: use `switchyard run`, or pass --once")]
     NeedOnce,
 }
@@ -40,7 +44,7 @@ pub fn run(cmd: Command) -> Result<(), CommandError> {
 fn run_agent(args: &RunArgs) -> Result<(), CommandError> {
     let cfg = load_config(args.config.as_deref(), &args.flags)?;
     if cfg.mode != ProxyMode::Nftables {
-        return Err(CommandError::ModeNotImplemented(cfg.mode.as_str()));
+        return Err(CommandError::AgentModeNotImplemented(cfg.mode.as_str()));
     }
     let source = match &args.manifests {
         Some(path) => agent::Source::Files(path.clone()),
@@ -88,7 +92,7 @@ fn report_skipped(skipped: &Skipped) {
 
 fn load(inputs: &Inputs) -> Result<(ProxyConfig, Snapshot), CommandError> {
     let cfg = load_config(inputs.config.as_deref(), &inputs.flags)?;
-    if cfg.mode != ProxyMode::Nftables {
+    if cfg.mode == ProxyMode::Ipvs {
         return Err(CommandError::ModeNotImplemented(cfg.mode.as_str()));
     }
     let objs = manifests::load(&inputs.manifests)?;
@@ -98,9 +102,11 @@ fn load(inputs: &Inputs) -> Result<(ProxyConfig, Snapshot), CommandError> {
 }
 
 fn render(inputs: &Inputs) -> Result<(), CommandError> {
-    let (_, snap) = load(inputs)?;
-    let tx = NftBackend::<NftCommand>::render(&snap);
-    print!("{}", tx.to_nft());
+    let (cfg, snap) = load(inputs)?;
+    match cfg.mode {
+        ProxyMode::Iptables => print!("{}", IptablesBackend::<IptablesCommand>::render(&snap)),
+        _ => print!("{}", NftBackend::<NftCommand>::render(&snap).to_nft()),
+    }
     Ok(())
 }
 
@@ -108,8 +114,13 @@ fn sync(args: &SyncArgs) -> Result<(), CommandError> {
     if !args.once {
         return Err(CommandError::NeedOnce);
     }
-    let (_, snap) = load(&args.inputs)?;
-    let mut backend = NftBackend::new(NftCommand::default());
+    let (cfg, snap) = load(&args.inputs)?;
+    let mut backend: Box<dyn Backend> = match cfg.mode {
+        ProxyMode::Iptables => {
+            Box::new(IptablesBackend::new(iptables_command(cfg.iptables_backend)))
+        }
+        _ => Box::new(NftBackend::new(NftCommand::default())),
+    };
     let scope = if args.full { Scope::Full } else { Scope::All };
     let report = backend.sync(&snap, scope)?;
     for c in &report.conflicts {
@@ -130,11 +141,24 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// The iptables binaries to use: the configured variant, else the one the node uses.
+fn iptables_command(variant: Option<dataplane::iptables::exec::Variant>) -> IptablesCommand {
+    match variant {
+        Some(v) => IptablesCommand::new(v),
+        None => {
+            let cmd = IptablesCommand::detect();
+            tracing::info!("iptables back end: {} (detected)", cmd.variant.as_str());
+            cmd
+        }
+    }
+}
+
 fn cleanup(args: &CleanupArgs) -> Result<(), CommandError> {
-    if let Some(m) = &args.proxy_mode {
-        match ProxyMode::parse(m) {
-            Some(ProxyMode::Nftables) => {}
-            Some(other) => return Err(CommandError::ModeNotImplemented(other.as_str())),
+    let mode = match &args.proxy_mode {
+        None => None,
+        Some(m) => match ProxyMode::parse(m) {
+            Some(ProxyMode::Ipvs) => return Err(CommandError::ModeNotImplemented("ipvs")),
+            Some(mode) => Some(mode),
             None => {
                 return Err(ConfigError::Field {
                     origin: "command line".into(),
@@ -143,10 +167,24 @@ fn cleanup(args: &CleanupArgs) -> Result<(), CommandError> {
                 }
                 .into())
             }
+        },
+    };
+    let variant = config::parse_iptables_backend("command line", &args.iptables_backend)?;
+    if mode.is_none_or(|m| m == ProxyMode::Nftables) {
+        let mut backend = NftBackend::new(NftCommand::default());
+        let removed = backend.cleanup()?;
+        println!("cleanup: removed {removed} switchyard nftables tables");
+    }
+    if mode.is_none_or(|m| m == ProxyMode::Iptables) {
+        let mut backend = IptablesBackend::new(iptables_command(variant));
+        match backend.cleanup() {
+            Ok(removed) => println!("cleanup: removed {removed} iptables chains"),
+            // Without iptables installed there is nothing of ours in it, unless asked for.
+            Err(BackendError::Iptables(IptablesError::Spawn { program, .. })) if mode.is_none() => {
+                println!("cleanup: {program} is not installed; no iptables rules to remove")
+            }
+            Err(e) => return Err(e.into()),
         }
     }
-    let mut backend = NftBackend::new(NftCommand::default());
-    let removed = backend.cleanup()?;
-    println!("cleanup: removed {removed} switchyard tables");
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! and validation with errors that name the field.
 
 use crate::cli::ProxyFlags;
+use dataplane::iptables::exec::Variant;
 use ipnetwork::IpNetwork;
 use serde_yaml::{Mapping, Value};
 use std::net::IpAddr;
@@ -66,6 +67,8 @@ pub struct ProxyConfig {
     pub metrics_bind_address: String,
     /// clientConnection.kubeconfig.
     pub kubeconfig: Option<PathBuf>,
+    /// iptables-nft or iptables-legacy (`--iptables-backend`); `None`: the one the node uses.
+    pub iptables_backend: Option<Variant>,
 }
 
 impl Default for ProxyConfig {
@@ -87,6 +90,7 @@ impl Default for ProxyConfig {
             healthz_bind_address: "0.0.0.0:10256".into(),
             metrics_bind_address: "127.0.0.1:10249".into(),
             kubeconfig: None,
+            iptables_backend: None,
         }
     }
 }
@@ -519,6 +523,20 @@ fn parse_detect_mode(s: &str) -> Option<DetectLocalMode> {
     }
 }
 
+/// `auto` (the back end the node uses), `nft` or `legacy`.
+pub fn parse_iptables_backend(origin: &str, s: &str) -> Result<Option<Variant>, ConfigError> {
+    match s {
+        "auto" => Ok(None),
+        other => Variant::parse(other).map(Some).ok_or_else(|| {
+            field_err(
+                origin,
+                "--iptables-backend",
+                format!("{other:?} is not one of auto, nft, legacy"),
+            )
+        }),
+    }
+}
+
 /// Apply kube-proxy's command-line flags over the file.
 pub fn apply_flags(cfg: &mut ProxyConfig, f: &ProxyFlags) -> Result<(), ConfigError> {
     let o = "command line";
@@ -530,6 +548,9 @@ pub fn apply_flags(cfg: &mut ProxyConfig, f: &ProxyFlags) -> Result<(), ConfigEr
                 format!("{m:?} is not one of nftables, iptables, ipvs"),
             )
         })?;
+    }
+    if let Some(b) = &f.iptables_backend {
+        cfg.iptables_backend = parse_iptables_backend(o, b)?;
     }
     if let Some(h) = &f.hostname_override {
         cfg.hostname_override = Some(h.clone()).filter(|s| !s.is_empty());

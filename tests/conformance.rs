@@ -346,6 +346,81 @@ fn terminating_etp_local_endpoints_deleted() {
     rig::run_conformance("terminating-etp-local-endpoints-deleted", Mode::Nftables);
 }
 
+/// The same scenarios in iptables mode (iptables-nft, as detected on a fresh node), with
+/// each flow's `modeDifferences` for iptables as its expectation.
+mod iptables_mode {
+    use super::*;
+
+    macro_rules! iptables_scenarios {
+        ($($test:ident => $id:literal),* $(,)?) => {
+            $(
+                #[test]
+                fn $test() {
+                    rig::run_conformance($id, Mode::Iptables);
+                }
+            )*
+            /// Every enabled scenario has an iptables test above.
+            #[test]
+            fn every_enabled_scenario_runs_in_iptables_mode() {
+                let ids: &[&str] = &[$($id),*];
+                assert_eq!(ids, ENABLED);
+            }
+        };
+    }
+
+    /// iptables-legacy, chosen with the override flag: the rules land in the legacy
+    /// tables, none in iptables-nft's, and the flows behave the same.
+    #[test]
+    fn iptables_legacy_backend() {
+        for id in [
+            "clusterip-general",
+            "nodeports-ipv4-all-addresses-localhost",
+        ] {
+            let opts = RigOptions {
+                mode: Mode::Iptables,
+                sync_args: vec!["--iptables-backend".into(), "legacy".into()],
+                ..RigOptions::default()
+            };
+            let Some(rig) = rig::run_conformance_with(&format!("legacy/{id}"), id, opts) else {
+                return;
+            };
+            let legacy = rig.node_exec("iptables-legacy-save", &["-t", "nat"]);
+            assert!(legacy.success(), "{}", legacy.transcript());
+            assert!(
+                legacy.stdout.contains(":KUBE-SERVICES"),
+                "{}",
+                legacy.stdout
+            );
+            let nft = rig.node_exec("iptables-nft-save", &["-t", "nat"]);
+            assert!(
+                !nft.stdout.contains("KUBE-"),
+                "nothing in iptables-nft: {}",
+                nft.stdout
+            );
+        }
+    }
+
+    iptables_scenarios! {
+        clusterip_general => "clusterip-general",
+        no_endpoints_reject => "no-endpoints-reject",
+        nodeports_ipv4_primary_only => "nodeports-ipv4-primary-only",
+        nodeports_ipv4_multiple_cidrs => "nodeports-ipv4-multiple-cidrs",
+        nodeports_ipv6 => "nodeports-ipv6",
+        itp_cluster => "itp-cluster",
+        nodeports_ipv4_all_addresses_localhost => "nodeports-ipv4-all-addresses-localhost",
+        itp_local_one_local => "itp-local-one-local",
+        itp_local_no_local => "itp-local-no-local",
+        itp_local_endpoints_deleted => "itp-local-endpoints-deleted",
+        terminating_etp_local_ready_endpoints_exist => "terminating-etp-local-ready-endpoints-exist",
+        terminating_etp_local_only_terminating_endpoints_exist => "terminating-etp-local-only-terminating-endpoints-exist",
+        terminating_etp_local_no_usable_endpoints_on_any_node => "terminating-etp-local-no-usable-endpoints-on-any-node",
+        terminating_etp_cluster_ready_endpoints_exist => "terminating-etp-cluster-ready-endpoints-exist",
+        terminating_etp_cluster_terminating_endpoints_on_remote_node => "terminating-etp-cluster-terminating-endpoints-on-remote-node",
+        terminating_etp_cluster_no_usable_endpoints_on_any_node => "terminating-etp-cluster-no-usable-endpoints-on-any-node",
+        terminating_etp_local_endpoints_deleted => "terminating-etp-local-endpoints-deleted",
+    }
+}
+
 /// Discrimination check: on a node that nobody programmed, every enabled scenario flow
 /// that expects switchyard to act (DNAT, REJECT, DROP) must fail, and every ACCEPT flow
 /// must pass. A flow passing here would pass even with a do-nothing switchyard.

@@ -1,5 +1,6 @@
 //! The backend interface every dataplane mode implements, and what a sync reports.
 
+use crate::iptables::exec::IptablesError;
 use crate::nft::exec::NftError;
 use crate::nft::transaction::TxStats;
 use std::collections::BTreeSet;
@@ -10,6 +11,8 @@ use std::time::Duration;
 pub enum BackendError {
     #[error(transparent)]
     Nft(#[from] NftError),
+    #[error(transparent)]
+    Iptables(#[from] IptablesError),
 }
 
 impl BackendError {
@@ -19,6 +22,12 @@ impl BackendError {
             BackendError::Nft(NftError::Rejected { .. }) => "rejected",
             BackendError::Nft(NftError::Spawn { .. }) => "spawn",
             BackendError::Nft(_) => "read",
+            BackendError::Iptables(IptablesError::Rejected { .. } | IptablesError::Fake(_)) => {
+                "rejected"
+            }
+            BackendError::Iptables(IptablesError::Spawn { .. }) => "spawn",
+            BackendError::Iptables(IptablesError::Sysctl(_)) => "sysctl",
+            BackendError::Iptables(_) => "read",
         }
     }
 }

@@ -61,6 +61,8 @@ pub struct RigOptions {
     /// Slices that are not programmed now but whose endpoints must exist in the topology
     /// (for re-programming later with [`Rig::reprogram`]).
     pub extra_slices: Vec<EndpointSlice>,
+    /// More arguments for `switchyard sync --once` (e.g. `--iptables-backend legacy`).
+    pub sync_args: Vec<String>,
 }
 
 impl Default for RigOptions {
@@ -69,6 +71,7 @@ impl Default for RigOptions {
             mode: Mode::Nftables,
             responder_mode: ResponderMode::OneShot,
             extra_slices: Vec::new(),
+            sync_args: Vec::new(),
         }
     }
 }
@@ -617,23 +620,20 @@ impl Rig {
         let bin = env!("CARGO_BIN_EXE_switchyard");
         let config_s = config.to_string_lossy().to_string();
         let manifests_s = manifests.to_string_lossy().to_string();
-        let out = netns::run(
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &self.node_ns,
-                bin,
-                "sync",
-                "--once",
-                "--config",
-                &config_s,
-                "--manifests",
-                &manifests_s,
-            ],
-            None,
-            SYNC_TIMEOUT,
-        );
+        let mut args = vec![
+            "netns",
+            "exec",
+            &self.node_ns,
+            bin,
+            "sync",
+            "--once",
+            "--config",
+            &config_s,
+            "--manifests",
+            &manifests_s,
+        ];
+        args.extend(self.opts.sync_args.iter().map(String::as_str));
+        let out = netns::run("ip", &args, None, SYNC_TIMEOUT);
         self.syncs.push(out.clone());
         if std::env::var("SWITCHYARD_RIG_DUMP").as_deref() == Ok("1") {
             println!(
@@ -726,6 +726,13 @@ impl Rig {
             &["netns", "exec", &self.node_ns, "nft", "-f", "-"],
             Some(script),
         );
+    }
+
+    /// Runs `program args` in the node namespace.
+    pub fn node_exec(&self, program: &str, args: &[&str]) -> CmdOutput {
+        let mut all = vec!["netns", "exec", &self.node_ns, program];
+        all.extend_from_slice(args);
+        netns::run("ip", &all, None, netns::CMD_TIMEOUT)
     }
 
     /// `nft list ruleset` in the node namespace.
@@ -1008,15 +1015,20 @@ impl Drop for Rig {
 /// Loads the vendored cases, builds scenario `id` in `mode`, programs it and checks
 /// every flow. Returns quietly after a SKIP line when namespaces are unavailable.
 pub fn run_conformance(id: &str, mode: Mode) {
-    let cases = Cases::vendored();
-    let scenario = cases.scenario(id).clone();
     let opts = RigOptions {
         mode,
         ..RigOptions::default()
     };
-    let Some(mut rig) = Rig::build(id, &scenario, opts) else {
-        return;
-    };
+    // The rig, if built, is torn down at once: its checks ran.
+    let _ = run_conformance_with(id, id, opts);
+}
+
+/// [`run_conformance`] with options; the rig stays up for more checks (`None`: SKIP).
+pub fn run_conformance_with(test: &str, id: &str, opts: RigOptions) -> Option<Rig> {
+    let cases = Cases::vendored();
+    let scenario = cases.scenario(id).clone();
+    let mut rig = Rig::build(test, &scenario, opts)?;
     rig.program();
     rig.assert_scenario_flows();
+    Some(rig)
 }

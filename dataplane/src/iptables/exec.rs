@@ -1,0 +1,355 @@
+//! The only I/O of the iptables backend: iptables-save, iptables-restore and the
+//! route_localnet sysctl, behind a trait with a fake twin; and choosing between the
+//! iptables-nft and iptables-legacy back ends as the kube-proxy image's wrapper does.
+
+use super::restore::{parse_save, SaveParseError, Saved};
+use crate::model::IpFamily;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// What can go wrong talking to iptables.
+#[derive(Debug, thiserror::Error)]
+pub enum IptablesError {
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("{program} failed: {stderr}{}", line.as_ref().map(|l| format!("\n  offending input: {l}")).unwrap_or_default())]
+    Rejected {
+        program: String,
+        stderr: String,
+        /// The input line the command complained about, when it named one.
+        line: Option<String>,
+    },
+    #[error("{program}: {stderr}")]
+    Save { program: String, stderr: String },
+    #[error("{program}: {source}")]
+    Parse {
+        program: String,
+        source: SaveParseError,
+    },
+    #[error(
+        "cannot enable net.ipv4.conf.all.route_localnet (needed for NodePorts on 127.0.0.1): {0}"
+    )]
+    Sysctl(std::io::Error),
+    #[error("fake iptables refused the input: {0}")]
+    Fake(String),
+}
+
+/// Which iptables implementation programs the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// iptables-nft: xtables rules carried in nf_tables.
+    Nft,
+    /// iptables-legacy: the x_tables blob interface.
+    Legacy,
+}
+
+impl Variant {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Variant::Nft => "nft",
+            Variant::Legacy => "legacy",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Variant> {
+        match s {
+            "nft" => Some(Variant::Nft),
+            "legacy" => Some(Variant::Legacy),
+            _ => None,
+        }
+    }
+}
+
+/// Reads and writes a family's iptables rules.
+pub trait IptablesExecutor {
+    /// Every table of the family, as iptables-save prints it.
+    fn save(&mut self, family: IpFamily) -> Result<Saved, IptablesError>;
+    /// One `iptables-restore --noflush` of `input`: each table in it commits atomically.
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError>;
+    /// Let IPv4 packets to 127.0.0.0/8 be routed (NodePorts on localhost).
+    fn enable_route_localnet(&mut self) -> Result<(), IptablesError>;
+}
+
+/// The real executor: the iptables binaries of one variant.
+#[derive(Debug, Clone)]
+pub struct IptablesCommand {
+    pub variant: Variant,
+    /// Seconds to wait for /run/xtables.lock (iptables-legacy takes it; nft ignores it).
+    pub lock_wait: u32,
+}
+
+fn program(family: IpFamily, variant: Variant, op: &str) -> String {
+    let fam = match family {
+        IpFamily::V4 => "iptables",
+        IpFamily::V6 => "ip6tables",
+    };
+    format!("{fam}-{}-{op}", variant.as_str())
+}
+
+/// Runs `prog args`, feeding `stdin`; (success, stdout, stderr).
+fn run(
+    prog: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<(bool, String, String), IptablesError> {
+    let spawn_err = |source| IptablesError::Spawn {
+        program: prog.to_string(),
+        source,
+    };
+    let mut child = Command::new(prog)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(spawn_err)?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        // A write error means the command exited early; its stderr says why.
+        let _ = pipe.write_all(text.as_bytes());
+    }
+    let out = child.wait_with_output().map_err(spawn_err)?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    ))
+}
+
+/// The input line iptables-restore names in "line N failed".
+fn offending_line(stderr: &str, input: &str) -> Option<String> {
+    // "line 12 failed" (legacy) or "Error occurred at line: 12" (nft).
+    let at = stderr.find("line")? + 4;
+    let digits: String = stderr[at..]
+        .trim_start_matches([':', ' '])
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let n: usize = digits.parse().ok()?;
+    input.lines().nth(n.checked_sub(1)?).map(str::to_string)
+}
+
+impl IptablesCommand {
+    pub fn new(variant: Variant) -> Self {
+        IptablesCommand {
+            variant,
+            lock_wait: 5,
+        }
+    }
+
+    /// The variant the node already uses (see [`choose_variant`]).
+    pub fn detect() -> Self {
+        let dump = |family, variant, args: &[&str]| {
+            // The legacy tools instantiate empty legacy tables just by looking (and then
+            // iptables-nft warns about them forever): skip them when the kernel lists none.
+            let names = match family {
+                IpFamily::V4 => "/proc/net/ip_tables_names",
+                IpFamily::V6 => "/proc/net/ip6_tables_names",
+            };
+            if variant == Variant::Legacy
+                && std::fs::read_to_string(names).map_or(true, |n| n.trim().is_empty())
+            {
+                return String::new();
+            }
+            run(&program(family, variant, "save"), args, None)
+                .ok()
+                .filter(|(ok, _, _)| *ok)
+                .map(|(_, out, _)| out)
+                .unwrap_or_default()
+        };
+        let both = |variant, args: &[&str]| {
+            format!(
+                "{}{}",
+                dump(IpFamily::V4, variant, args),
+                dump(IpFamily::V6, variant, args)
+            )
+        };
+        let mangle = ["-t", "mangle"];
+        let variant = choose_variant(
+            &both(Variant::Nft, &mangle),
+            &both(Variant::Legacy, &mangle),
+            || (both(Variant::Nft, &[]), both(Variant::Legacy, &[])),
+        );
+        IptablesCommand::new(variant)
+    }
+}
+
+/// kube-proxy's image wrapper rule: kubelet's marker chains (KUBE-IPTABLES-HINT, else
+/// KUBE-KUBELET-CANARY) in the mangle table say which back end the node uses, nft first;
+/// without them, the back end holding more rules wins, nft on a tie.
+pub fn choose_variant(
+    nft_mangle: &str,
+    legacy_mangle: &str,
+    full_dumps: impl FnOnce() -> (String, String),
+) -> Variant {
+    let has = |dump: &str, chain: &str| {
+        dump.lines().any(|l| {
+            l.strip_prefix(':')
+                .and_then(|d| d.split_whitespace().next())
+                == Some(chain)
+        })
+    };
+    for marker in ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"] {
+        if has(nft_mangle, marker) {
+            return Variant::Nft;
+        }
+        if has(legacy_mangle, marker) {
+            return Variant::Legacy;
+        }
+    }
+    let (nft, legacy) = full_dumps();
+    let rules = |dump: &str| dump.lines().filter(|l| l.starts_with('-')).count();
+    if rules(&legacy) > rules(&nft) {
+        Variant::Legacy
+    } else {
+        Variant::Nft
+    }
+}
+
+impl IptablesExecutor for IptablesCommand {
+    fn save(&mut self, family: IpFamily) -> Result<Saved, IptablesError> {
+        let prog = program(family, self.variant, "save");
+        let (ok, stdout, stderr) = run(&prog, &[], None)?;
+        if !ok {
+            return Err(IptablesError::Save {
+                program: prog,
+                stderr,
+            });
+        }
+        parse_save(&stdout).map_err(|source| IptablesError::Parse {
+            program: prog,
+            source,
+        })
+    }
+
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError> {
+        let prog = program(family, self.variant, "restore");
+        let wait = self.lock_wait.to_string();
+        let (ok, _, stderr) = run(&prog, &["--noflush", "-w", &wait], Some(input))?;
+        if ok {
+            return Ok(());
+        }
+        Err(IptablesError::Rejected {
+            line: offending_line(&stderr, input),
+            program: prog,
+            stderr,
+        })
+    }
+
+    fn enable_route_localnet(&mut self) -> Result<(), IptablesError> {
+        let path = "/proc/sys/net/ipv4/conf/all/route_localnet";
+        if std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1") {
+            return Ok(());
+        }
+        std::fs::write(path, "1").map_err(IptablesError::Sysctl)
+    }
+}
+
+/// A fake kernel for unit tests: holds each family's tables as the restores left them,
+/// applying each restore input all or nothing, and records every input.
+#[derive(Debug, Default, Clone)]
+pub struct FakeIptables {
+    pub families: std::collections::BTreeMap<IpFamily, Saved>,
+    pub inputs: Vec<(IpFamily, String)>,
+    pub saves: usize,
+    pub route_localnet: bool,
+    /// Reject the next restore with this message.
+    pub fail_next: Option<String>,
+}
+
+impl FakeIptables {
+    /// Apply a restore input to `saved` as `iptables-restore --noflush` would.
+    fn apply(saved: &mut Saved, input: &str) -> Result<(), String> {
+        let mut work = saved.clone();
+        let mut table: Option<String> = None;
+        for line in input.lines() {
+            if let Some(t) = line.strip_prefix('*') {
+                work.tables.entry(t.to_string()).or_default();
+                table = Some(t.to_string());
+                continue;
+            }
+            if line == "COMMIT" {
+                table = None;
+                continue;
+            }
+            let t = table
+                .as_ref()
+                .and_then(|t| work.tables.get_mut(t))
+                .ok_or_else(|| format!("line outside a table: {line}"))?;
+            if let Some(decl) = line.strip_prefix(':') {
+                let name = decl
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                t.rules.retain(|(c, _)| *c != name);
+                t.chains.insert(name);
+            } else if let Some(rest) = line.strip_prefix("-A ") {
+                let (chain, rule) = rest.split_once(' ').unwrap_or((rest, ""));
+                if !t.chains.contains(chain) {
+                    return Err(format!("no chain {chain}"));
+                }
+                t.rules.push((chain.to_string(), rule.to_string()));
+            } else if let Some(rest) = line.strip_prefix("-I ") {
+                let mut it = rest.splitn(3, ' ');
+                let chain = it.next().unwrap_or_default().to_string();
+                let _position = it.next();
+                let rule = it.next().unwrap_or_default().to_string();
+                t.chains.insert(chain.clone());
+                let at = t.rules.iter().position(|(c, _)| *c == chain).unwrap_or(0);
+                t.rules.insert(at, (chain, rule));
+            } else if let Some(rest) = line.strip_prefix("-D ") {
+                let (chain, rule) = rest.split_once(' ').unwrap_or((rest, ""));
+                let at = t
+                    .rules
+                    .iter()
+                    .position(|(c, r)| c == chain && r == rule)
+                    .ok_or_else(|| format!("no such rule: {line}"))?;
+                t.rules.remove(at);
+            } else if let Some(chain) = line.strip_prefix("-X ") {
+                let referenced = t
+                    .rules
+                    .iter()
+                    .any(|(c, r)| c != chain && super::restore::rule_target(r) == Some(chain));
+                if referenced {
+                    return Err(format!("chain {chain} is still referenced"));
+                }
+                if t.rules.iter().any(|(c, _)| c == chain) {
+                    return Err(format!("chain {chain} is not empty"));
+                }
+                t.chains.remove(chain);
+            } else {
+                return Err(format!("unknown line {line}"));
+            }
+        }
+        *saved = work;
+        Ok(())
+    }
+}
+
+impl IptablesExecutor for FakeIptables {
+    fn save(&mut self, family: IpFamily) -> Result<Saved, IptablesError> {
+        self.saves += 1;
+        Ok(self.families.get(&family).cloned().unwrap_or_default())
+    }
+
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError> {
+        self.inputs.push((family, input.to_string()));
+        if let Some(msg) = self.fail_next.take() {
+            return Err(IptablesError::Fake(msg));
+        }
+        let saved = self.families.entry(family).or_default();
+        FakeIptables::apply(saved, input).map_err(IptablesError::Fake)
+    }
+
+    fn enable_route_localnet(&mut self) -> Result<(), IptablesError> {
+        self.route_localnet = true;
+        Ok(())
+    }
+}

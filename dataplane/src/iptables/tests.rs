@@ -1,0 +1,423 @@
+//! Unit tests of the iptables layout and restore logic against the fake executor.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::exec::{choose_variant, FakeIptables, Variant};
+use super::names::*;
+use super::render::{render, TableName};
+use super::restore::{parse_save, Saved};
+use super::IptablesBackend;
+use crate::backend::{Backend, Scope};
+use crate::model::*;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn node() -> NodeConfig {
+    NodeConfig {
+        name: "me".into(),
+        node_ips: vec![ip("192.168.0.2")],
+        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+        masquerade_bit: 14,
+        node_port_addresses: NodePortAddresses::All,
+        ..NodeConfig::default()
+    }
+}
+
+fn snapshot(endpoints: &[&str]) -> Snapshot {
+    let name = ServicePortName::new("ns1", "svc1", "p80", Protocol::Tcp);
+    let mut svc = ServicePort::cluster(name.clone(), ip("172.30.0.41"), 80);
+    svc.node_port = 3001;
+    let mut s = Snapshot {
+        node: node(),
+        ..Snapshot::default()
+    };
+    s.services.insert((name.clone(), IpFamily::V4), svc);
+    let empty = ServicePortName::new("ns2", "empty", "", Protocol::Udp);
+    s.services.insert(
+        (empty.clone(), IpFamily::V4),
+        ServicePort::cluster(empty, ip("172.30.0.42"), 53),
+    );
+    s.endpoints.insert(
+        name,
+        endpoints
+            .iter()
+            .map(|e| Endpoint::ready(ip(e), 80))
+            .collect(),
+    );
+    s
+}
+
+fn nat(s: &Snapshot) -> super::render::Chains {
+    render(s).families[&IpFamily::V4].tables[&TableName::Nat].clone()
+}
+
+#[test]
+fn layout_is_kube_proxys() {
+    let s = snapshot(&["10.180.0.1", "10.180.0.2", "10.180.0.3"]);
+    let nat = nat(&s);
+    let svc = "KUBE-SVC-XPGD46QRK7WJZT7O";
+    assert_eq!(
+        nat[SERVICES],
+        vec![
+            format!("-m comment --comment \"ns1/svc1:p80 cluster IP\" -m tcp -p tcp -d 172.30.0.41/32 --dport 80 -j {svc}"),
+            format!("-m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -j {NODEPORTS}"),
+        ]
+    );
+    let lb = &nat[svc];
+    assert!(
+        lb[0].ends_with("! -s 10.0.0.0/8 -j KUBE-MARK-MASQ"),
+        "{}",
+        lb[0]
+    );
+    assert!(
+        lb[1].contains("--probability 0.3333333333 -j KUBE-SEP-SXIVWICOYRO3J4NJ"),
+        "{}",
+        lb[1]
+    );
+    assert!(
+        lb[2].contains("--probability 0.5000000000 -j KUBE-SEP-"),
+        "{}",
+        lb[2]
+    );
+    assert!(
+        !lb[3].contains("statistic"),
+        "the last endpoint takes the rest: {}",
+        lb[3]
+    );
+    assert_eq!(
+        nat["KUBE-SEP-SXIVWICOYRO3J4NJ"],
+        vec![
+            "-m comment --comment \"ns1/svc1:p80\" -s 10.180.0.1/32 -j KUBE-MARK-MASQ".to_string(),
+            "-m comment --comment \"ns1/svc1:p80\" -m tcp -p tcp -j DNAT --to-destination 10.180.0.1:80".to_string(),
+        ]
+    );
+    assert_eq!(
+        nat[NODEPORTS],
+        vec!["-m comment --comment \"ns1/svc1:p80\" -m tcp -p tcp --dport 3001 -j KUBE-EXT-XPGD46QRK7WJZT7O".to_string()]
+    );
+    assert_eq!(
+        nat["KUBE-EXT-XPGD46QRK7WJZT7O"],
+        vec![
+            "-m comment --comment \"masquerade traffic for ns1/svc1:p80 external destinations\" -j KUBE-MARK-MASQ".to_string(),
+            format!("-j {svc}"),
+        ]
+    );
+    let filter = &render(&s).families[&IpFamily::V4].tables[&TableName::Filter];
+    assert_eq!(
+        filter[SERVICES],
+        vec!["-m comment --comment \"ns2/empty has no endpoints\" -m udp -p udp -d 172.30.0.42/32 --dport 53 -j REJECT".to_string()]
+    );
+}
+
+#[test]
+fn probabilities_give_equal_shares() {
+    for n in 1..=40usize {
+        let mut left = 1.0f64;
+        for i in 0..n {
+            let p: f64 = if i + 1 < n {
+                super::render::probability(n - i).parse().unwrap()
+            } else {
+                1.0
+            };
+            let share = left * p;
+            left -= share;
+            assert!(
+                (share - 1.0 / n as f64).abs() < 1e-8,
+                "n={n} i={i} share={share}"
+            );
+        }
+    }
+}
+
+#[test]
+fn local_policies_use_local_chains_and_short_circuit() {
+    let mut s = snapshot(&["10.180.0.1", "10.180.0.2"]);
+    let name = ServicePortName::new("ns1", "svc1", "p80", Protocol::Tcp);
+    let svc = s.services.get_mut(&(name.clone(), IpFamily::V4)).unwrap();
+    svc.external_traffic_policy = TrafficPolicy::Local;
+    svc.internal_traffic_policy = TrafficPolicy::Local;
+    s.endpoints.get_mut(&name).unwrap()[1].node_name = Some("me".into());
+    let nat = nat(&s);
+    assert!(nat[SERVICES][0].ends_with("-j KUBE-SVL-XPGD46QRK7WJZT7O"));
+    let svl = &nat["KUBE-SVL-XPGD46QRK7WJZT7O"];
+    assert_eq!(svl.len(), 1, "only the local endpoint: {svl:?}");
+    let ext = &nat["KUBE-EXT-XPGD46QRK7WJZT7O"];
+    assert!(
+        ext[0].contains("-s 10.0.0.0/8 -j KUBE-SVC-XPGD46QRK7WJZT7O"),
+        "{ext:?}"
+    );
+    assert!(ext[1].contains("--src-type LOCAL -j KUBE-MARK-MASQ"));
+    assert!(ext[2].contains("--src-type LOCAL -j KUBE-SVC-XPGD46QRK7WJZT7O"));
+    assert_eq!(ext[3], "-j KUBE-SVL-XPGD46QRK7WJZT7O");
+
+    // No local endpoint: clusterIP and external traffic dropped in filter.
+    s.endpoints.get_mut(&name).unwrap()[1].node_name = Some("other".into());
+    let r = render(&s);
+    assert_eq!(r.report.no_local_endpoints.internal, 1);
+    assert_eq!(r.report.no_local_endpoints.external, 1);
+    let filter = &r.families[&IpFamily::V4].tables[&TableName::Filter];
+    assert!(
+        filter[SERVICES][0].contains("has no local endpoints")
+            && filter[SERVICES][0].ends_with("-j DROP")
+    );
+    assert!(filter[EXTERNAL_SERVICES][0].contains("--dport 3001 -j DROP"));
+    let nat = &r.families[&IpFamily::V4].tables[&TableName::Nat];
+    assert!(!nat.contains_key("KUBE-SVL-XPGD46QRK7WJZT7O"));
+    assert_eq!(
+        nat["KUBE-EXT-XPGD46QRK7WJZT7O"].len(),
+        3,
+        "short-circuit rules stay"
+    );
+}
+
+#[test]
+fn a_front_end_claimed_twice_is_a_conflict() {
+    let mut s = snapshot(&["10.180.0.1"]);
+    let other = ServicePortName::new("ns3", "dup", "", Protocol::Tcp);
+    s.services.insert(
+        (other.clone(), IpFamily::V4),
+        ServicePort::cluster(other, ip("172.30.0.41"), 80),
+    );
+    let r = render(&s);
+    assert_eq!(r.report.conflicts.len(), 1, "{:?}", r.report.conflicts);
+    assert!(r.report.conflicts[0].contains("ns3/dup"));
+}
+
+fn jump_count(fake: &FakeIptables, table: &str, chain: &str, target: &str) -> usize {
+    fake.families[&IpFamily::V4].tables[table]
+        .rules
+        .iter()
+        .filter(|(c, r)| c == chain && super::restore::rule_target(r) == Some(target))
+        .count()
+}
+
+/// A kernel with someone else's rules: Docker's chain and a jump to it.
+fn foreign() -> FakeIptables {
+    let mut fake = FakeIptables::default();
+    let saved = parse_save(
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:DOCKER - [0:0]\n-A FORWARD -j DOCKER\n-A DOCKER -d 172.17.0.2/32 -j ACCEPT\nCOMMIT\n*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:KUBE-SEP-STALESTALESTALE1 - [0:0]\n-A KUBE-SEP-STALESTALESTALE1 -j DNAT --to-destination 10.9.9.9:80\nCOMMIT\n",
+    )
+    .unwrap();
+    fake.families.insert(IpFamily::V4, saved);
+    fake
+}
+
+#[test]
+fn full_sync_adds_jumps_once_removes_stale_chains_and_keeps_foreign_rules() {
+    let mut b = IptablesBackend::new(foreign());
+    let s = snapshot(&["10.180.0.1"]);
+    let r = b.sync(&s, Scope::Full).unwrap();
+    assert!(r.full);
+    for _ in 0..2 {
+        b.sync(&s, Scope::Full).unwrap();
+    }
+    let f = b.executor();
+    assert_eq!(jump_count(f, "nat", "PREROUTING", SERVICES), 1);
+    assert_eq!(jump_count(f, "filter", "FORWARD", FORWARD), 1);
+    assert_eq!(jump_count(f, "filter", "FORWARD", "DOCKER"), 1);
+    let nat = &f.families[&IpFamily::V4].tables["nat"];
+    assert!(!nat.chains.contains("KUBE-SEP-STALESTALESTALE1"));
+    assert!(nat.chains.contains("KUBE-SVC-XPGD46QRK7WJZT7O"));
+    assert!(f.families[&IpFamily::V4].tables["filter"]
+        .chains
+        .contains("DOCKER"));
+    // Our jumps sit above the foreign one in FORWARD.
+    let fwd: Vec<&str> = f.families[&IpFamily::V4].tables["filter"]
+        .rules
+        .iter()
+        .filter(|(c, _)| c == "FORWARD")
+        .filter_map(|(_, r)| super::restore::rule_target(r))
+        .collect();
+    assert_eq!(
+        fwd,
+        vec![
+            PROXY_FIREWALL,
+            FORWARD,
+            SERVICES,
+            EXTERNAL_SERVICES,
+            "DOCKER"
+        ]
+    );
+    // One restore per family per sync.
+    assert_eq!(f.inputs.len(), 6);
+}
+
+#[test]
+fn partial_sync_rewrites_only_the_changed_service() {
+    let mut b = IptablesBackend::new(FakeIptables::default());
+    b.sync(&snapshot(&["10.180.0.1", "10.180.0.2"]), Scope::All)
+        .unwrap();
+    let saves = b.executor().saves;
+    let changed = BTreeSet::from([("ns1".to_string(), "svc1".to_string())]);
+    let r = b
+        .sync(
+            &snapshot(&["10.180.0.1", "10.180.0.3"]),
+            Scope::Services(&changed),
+        )
+        .unwrap();
+    assert!(!r.full);
+    assert_eq!(
+        b.executor().saves,
+        saves,
+        "a partial sync reads nothing back"
+    );
+    let (fam, input) = b.executor().inputs.last().unwrap().clone();
+    assert_eq!(fam, IpFamily::V4);
+    let declared: Vec<&str> = input
+        .lines()
+        .filter_map(|l| l.strip_prefix(':'))
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    // The service chain, the new endpoint's chain, and the old one's, to delete.
+    assert_eq!(declared.len(), 3, "{input}");
+    assert!(declared.contains(&"KUBE-SVC-XPGD46QRK7WJZT7O"));
+    assert!(!input.contains(":KUBE-SERVICES"), "{input}");
+    assert_eq!(input.lines().filter(|l| l.starts_with("-X ")).count(), 1);
+    assert_eq!(r.stats.chains_deleted, 1);
+    // The fake kernel now holds exactly what a full layout would.
+    let held: BTreeSet<String> = b.executor().families[&IpFamily::V4].tables["nat"]
+        .chains
+        .iter()
+        .filter(|c| owned(c))
+        .cloned()
+        .collect();
+    let want: BTreeSet<String> = nat(&snapshot(&["10.180.0.1", "10.180.0.3"]))
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(held, want);
+    // IPv6 had nothing to change: no restore at all.
+    assert!(
+        b.executor()
+            .inputs
+            .iter()
+            .filter(|(f, _)| *f == IpFamily::V6)
+            .count()
+            == 1
+    );
+}
+
+#[test]
+fn a_failed_restore_forces_a_full_sync_of_that_family() {
+    let mut b = IptablesBackend::new(FakeIptables::default());
+    let s = snapshot(&["10.180.0.1"]);
+    b.sync(&s, Scope::All).unwrap();
+    b.exec.fail_next = Some("boom".into());
+    assert!(b.sync(&snapshot(&["10.180.0.2"]), Scope::All).is_err());
+    let saves = b.executor().saves;
+    let r = b.sync(&snapshot(&["10.180.0.2"]), Scope::All).unwrap();
+    assert!(r.full);
+    assert_eq!(
+        b.executor().saves,
+        saves + 1,
+        "only the failed family is read back"
+    );
+}
+
+#[test]
+fn drift_is_noticed_by_the_next_full_sync() {
+    let mut b = IptablesBackend::new(FakeIptables::default());
+    let s = snapshot(&["10.180.0.1"]);
+    assert!(!b.sync(&s, Scope::All).unwrap().drift);
+    assert!(!b.sync(&s, Scope::Full).unwrap().drift);
+    // Someone flushes the nat table.
+    b.exec
+        .families
+        .get_mut(&IpFamily::V4)
+        .unwrap()
+        .tables
+        .remove("nat");
+    let r = b.sync(&s, Scope::Full).unwrap();
+    assert!(r.drift);
+    assert!(b.executor().families[&IpFamily::V4].tables["nat"]
+        .chains
+        .contains("KUBE-SVC-XPGD46QRK7WJZT7O"));
+}
+
+#[test]
+fn cleanup_removes_ours_and_nothing_else() {
+    let mut b = IptablesBackend::new(foreign());
+    b.sync(&snapshot(&["10.180.0.1"]), Scope::Full).unwrap();
+    let removed = b.cleanup().unwrap();
+    assert!(removed > 10, "{removed}");
+    let f = b.executor();
+    for (name, t) in &f.families[&IpFamily::V4].tables {
+        assert!(t.chains.iter().all(|c| !owned(c)), "{name}: {:?}", t.chains);
+        assert!(t
+            .rules
+            .iter()
+            .all(|(_, r)| !super::restore::rule_target(r).is_some_and(owned)));
+    }
+    assert_eq!(jump_count(f, "filter", "FORWARD", "DOCKER"), 1);
+    assert!(f.families[&IpFamily::V4].tables["filter"]
+        .chains
+        .contains("DOCKER"));
+}
+
+#[test]
+fn localhost_node_ports_enable_route_localnet_and_the_martian_guard() {
+    let mut s = snapshot(&["10.180.0.1"]);
+    s.node.localhost_node_ports = true;
+    let r = render(&s);
+    let filter = &r.families[&IpFamily::V4].tables[&TableName::Filter];
+    assert!(filter[KUBELET_FIREWALL][0].contains("-d 127.0.0.0/8 ! -s 127.0.0.0/8"));
+    let nat = &r.families[&IpFamily::V4].tables[&TableName::Nat];
+    assert!(nat[SERVICES]
+        .last()
+        .unwrap()
+        .ends_with("--dst-type LOCAL -j KUBE-NODEPORTS"));
+    let nat6 = &r.families[&IpFamily::V6].tables[&TableName::Nat];
+    assert!(nat6[SERVICES].last().unwrap().contains("! -d ::1/128"));
+    let mut b = IptablesBackend::new(FakeIptables::default());
+    b.sync(&s, Scope::All).unwrap();
+    assert!(b.executor().route_localnet);
+    let mut b = IptablesBackend::new(FakeIptables::default());
+    b.sync(&snapshot(&["10.180.0.1"]), Scope::All).unwrap();
+    assert!(!b.executor().route_localnet);
+}
+
+#[test]
+fn the_back_end_is_chosen_like_kube_proxys_wrapper() {
+    let hint = "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n";
+    let canary = "*mangle\n:KUBE-KUBELET-CANARY - [0:0]\nCOMMIT\n";
+    let never = || -> (String, String) { panic!("markers decide") };
+    assert_eq!(choose_variant(hint, "", never), Variant::Nft);
+    assert_eq!(choose_variant("", hint, never), Variant::Legacy);
+    assert_eq!(
+        choose_variant(canary, hint, never),
+        Variant::Legacy,
+        "the hint wins over the canary"
+    );
+    let rules = |n: usize| {
+        (0..n)
+            .map(|i| format!("-A X -j R{i}\n"))
+            .collect::<String>()
+    };
+    assert_eq!(
+        choose_variant("", "", || (rules(3), rules(5))),
+        Variant::Legacy
+    );
+    assert_eq!(
+        choose_variant("", "", || (rules(5), rules(5))),
+        Variant::Nft
+    );
+    assert_eq!(
+        choose_variant("", "", || (String::new(), String::new())),
+        Variant::Nft
+    );
+}
+
+#[test]
+fn save_output_parses_and_garbage_does_not() {
+    let text = "# Generated by iptables-nft-save v1.8.9\n*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-X - [0:0]\n-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\nCOMMIT\n";
+    let saved: Saved = parse_save(text).unwrap();
+    let nat = saved.table(TableName::Nat).unwrap();
+    assert!(nat.chains.contains("KUBE-X"));
+    assert!(nat.jumps_to("PREROUTING", "KUBE-SERVICES"));
+    let e = parse_save("-A X -j Y\n").unwrap_err().to_string();
+    assert!(e.contains("line 1") && e.contains("outside a table"), "{e}");
+}
