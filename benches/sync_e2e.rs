@@ -14,11 +14,13 @@ use dataplane::nft::state::Ruleset;
 use dataplane::nft::transaction::Transaction;
 use dataplane::nft::NftBackend;
 use dataplane::synth;
-use nix::sched::{setns, CloneFlags};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+mod common;
+use common::{manifests, ms, pct};
 
 /// Times each kernel transaction.
 struct Timed {
@@ -36,48 +38,6 @@ impl NftExecutor for Timed {
         self.applies.push(t.elapsed());
         r
     }
-}
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    let idx = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[idx.min(v.len() - 1)]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
-}
-
-/// Kubernetes manifests (JSON List) for a synthetic cluster.
-fn manifests(services: usize, endpoints: usize) -> String {
-    let mut items = Vec::with_capacity(services * 2);
-    for i in 0..services {
-        let name = format!("svc-{i}");
-        items.push(serde_json::json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": "bench"},
-            "spec": {"clusterIP": synth::cluster_ip(i).to_string(),
-                      "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
-        }));
-        let eps: Vec<_> = (0..endpoints)
-            .map(|j| {
-                serde_json::json!({
-                    "addresses": [synth::endpoint_ip(i, j, 0).to_string()],
-                    "nodeName": format!("node-{}", (i + j) % 50),
-                    "conditions": {"ready": true}
-                })
-            })
-            .collect();
-        items.push(serde_json::json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": format!("{name}-1"), "namespace": "bench",
-                         "labels": {"kubernetes.io/service-name": name}},
-            "addressType": "IPv4",
-            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-            "endpoints": eps
-        }));
-    }
-    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
 }
 
 fn cold_from_manifests(services: usize, out: &mut String) {
@@ -168,22 +128,10 @@ fn main() {
         println!("sync_e2e: run with `cargo bench --bench sync_e2e`");
         return;
     }
-    let ns = format!("sy-bench-{}", std::process::id());
-    if !Command::new("ip")
-        .args(["netns", "add", &ns])
-        .status()
-        .is_ok_and(|s| s.success())
-    {
-        println!("SKIP sync_e2e: needs root and network namespaces");
+    let Some(ns) = common::enter_netns("sync_e2e") else {
         return;
-    }
-    let fd = std::fs::File::open(format!("/run/netns/{ns}")).expect("open netns");
-    setns(&fd, CloneFlags::CLONE_NEWNET).expect("enter netns");
-    let sizes: Vec<usize> = std::env::var("SY_BENCH_SIZES")
-        .unwrap_or_else(|_| "10000,30000".into())
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
+    };
+    let sizes = common::sizes();
     let mut out = String::new();
     cold_from_manifests(sizes[0], &mut out);
     for &n in &sizes {

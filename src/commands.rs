@@ -26,8 +26,6 @@ pub enum CommandError {
     Agent(#[from] AgentError),
     #[error("proxy mode {0} is not implemented yet; use nftables or iptables")]
     ModeNotImplemented(&'static str),
-    #[error("`switchyard run` in {0} mode is not implemented yet; `sync --once`, `render` and `cleanup` are, and `run` works in nftables mode")]
-    AgentModeNotImplemented(&'static str),
     #[error("`sync` without --once is the continuous agent: use `switchyard run`, or pass --once")]
     NeedOnce,
 }
@@ -43,8 +41,8 @@ pub fn run(cmd: Command) -> Result<(), CommandError> {
 
 fn run_agent(args: &RunArgs) -> Result<(), CommandError> {
     let cfg = load_config(args.config.as_deref(), &args.flags)?;
-    if cfg.mode != ProxyMode::Nftables {
-        return Err(CommandError::AgentModeNotImplemented(cfg.mode.as_str()));
+    if cfg.mode == ProxyMode::Ipvs {
+        return Err(CommandError::ModeNotImplemented(cfg.mode.as_str()));
     }
     let source = match &args.manifests {
         Some(path) => agent::Source::Files(path.clone()),
@@ -116,9 +114,9 @@ fn sync(args: &SyncArgs) -> Result<(), CommandError> {
     }
     let (cfg, snap) = load(&args.inputs)?;
     let mut backend: Box<dyn Backend> = match cfg.mode {
-        ProxyMode::Iptables => {
-            Box::new(IptablesBackend::new(iptables_command(cfg.iptables_backend)))
-        }
+        ProxyMode::Iptables => Box::new(IptablesBackend::new(IptablesCommand::for_variant(
+            cfg.iptables_backend,
+        ))),
         _ => Box::new(NftBackend::new(NftCommand::default())),
     };
     let scope = if args.full { Scope::Full } else { Scope::All };
@@ -139,18 +137,6 @@ fn peak_rss_mib() -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
-}
-
-/// The iptables binaries to use: the configured variant, else the one the node uses.
-fn iptables_command(variant: Option<dataplane::iptables::exec::Variant>) -> IptablesCommand {
-    match variant {
-        Some(v) => IptablesCommand::new(v),
-        None => {
-            let cmd = IptablesCommand::detect();
-            tracing::info!("iptables back end: {} (detected)", cmd.variant.as_str());
-            cmd
-        }
-    }
 }
 
 fn cleanup(args: &CleanupArgs) -> Result<(), CommandError> {
@@ -176,7 +162,7 @@ fn cleanup(args: &CleanupArgs) -> Result<(), CommandError> {
         println!("cleanup: removed {removed} switchyard nftables tables");
     }
     if mode.is_none_or(|m| m == ProxyMode::Iptables) {
-        let mut backend = IptablesBackend::new(iptables_command(variant));
+        let mut backend = IptablesBackend::new(IptablesCommand::for_variant(variant));
         match backend.cleanup() {
             Ok(removed) => println!("cleanup: removed {removed} iptables chains"),
             // Without iptables installed there is nothing of ours in it, unless asked for.

@@ -56,6 +56,9 @@ struct Agent {
     log: std::path::PathBuf,
     /// A directory put first on the agent's PATH (to inject a failing `nft`).
     path_first: Option<std::path::PathBuf>,
+    /// `mode` and `syncPeriod` of the agent's configuration.
+    mode: &'static str,
+    sync_period: &'static str,
 }
 
 impl Agent {
@@ -82,6 +85,8 @@ impl Agent {
             child: None,
             log: std::path::PathBuf::new(),
             path_first: None,
+            mode: "nftables",
+            sync_period: "2s",
         })
     }
 
@@ -90,9 +95,12 @@ impl Agent {
         let cfg = dir.join("kube-proxy.yaml");
         std::fs::write(
             &cfg,
-            "kind: KubeProxyConfiguration\napiVersion: kubeproxy.config.k8s.io/v1alpha1\n\
-             mode: nftables\nhostnameOverride: node-a\nminSyncPeriod: 100ms\nsyncPeriod: 2s\n\
-             healthzBindAddress: 127.0.0.1:10256\nmetricsBindAddress: 127.0.0.1:10249\n",
+            format!(
+                "kind: KubeProxyConfiguration\napiVersion: kubeproxy.config.k8s.io/v1alpha1\n\
+                 mode: {}\nhostnameOverride: node-a\nminSyncPeriod: 100ms\nsyncPeriod: {}\n\
+                 healthzBindAddress: 127.0.0.1:10256\nmetricsBindAddress: 127.0.0.1:10249\n",
+                self.mode, self.sync_period
+            ),
         )
         .unwrap();
         let log = dir.join("agent.log");
@@ -143,11 +151,36 @@ impl Agent {
         .stdout
     }
 
-    /// Waits (bounded) until `pred` holds for the ruleset.
+    /// `iptables-save` (iptables-nft, what a fresh node uses) in the namespace.
+    fn iptables_save(&self) -> String {
+        let out = netns::run(
+            "ip",
+            &["netns", "exec", &self.ns, "iptables-nft-save"],
+            None,
+            netns::CMD_TIMEOUT,
+        );
+        assert!(out.success(), "{}", out.transcript());
+        out.stdout
+    }
+
+    /// Runs a command in the namespace and asserts it succeeded.
+    fn must(&self, program: &str, args: &[&str]) {
+        let mut all = vec!["netns", "exec", &self.ns, program];
+        all.extend_from_slice(args);
+        let out = netns::run("ip", &all, None, netns::CMD_TIMEOUT);
+        assert!(out.success(), "{}", out.transcript());
+    }
+
+    /// Waits (bounded) until `pred` holds for the ruleset (the iptables rules in iptables
+    /// mode).
     fn wait_ruleset(&self, what: &str, pred: impl Fn(&str) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            let rs = self.ruleset();
+            let rs = if self.mode == "iptables" {
+                self.iptables_save()
+            } else {
+                self.ruleset()
+            };
             if pred(&rs) {
                 return;
             }
@@ -363,6 +396,81 @@ fn run_programs_follows_edits_repairs_drift_and_reports() {
     let status = agent.terminate();
     assert!(status.success(), "{status:?}\n{}", agent.log());
     assert!(agent.ruleset().contains("10.0.0.3"));
+}
+
+/// iptables mode: the agent follows edits with partial restores, finds flushed chains by
+/// their canary between full syncs (syncPeriod 1h here) and repairs them, and exports the
+/// iptables metrics.
+#[test]
+fn run_in_iptables_mode_follows_edits_and_repairs_flushed_chains() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.yaml");
+    write_atomically(&cluster, &manifests("10.0.0.1"));
+    let Some(mut agent) = Agent::namespace("iptables") else {
+        return;
+    };
+    agent.mode = "iptables";
+    agent.sync_period = "1h";
+    agent.spawn(dir.path(), &["--manifests".as_ref(), cluster.as_os_str()]);
+    agent.wait_ruleset("the first sync", |rs| {
+        rs.contains("--to-destination 10.0.0.1:8080")
+    });
+    write_atomically(&cluster, &manifests("10.0.0.2"));
+    agent.wait_ruleset("the edited endpoint", |rs| {
+        rs.contains("--to-destination 10.0.0.2:8080") && !rs.contains("10.0.0.1")
+    });
+    let (_, text) = agent.get(METRICS, "/metrics");
+    assert!(
+        agent.metric(
+            &text,
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count"
+        ) >= 1.0,
+        "the edit was a partial sync\n{text}"
+    );
+    assert!(
+        agent.metric(
+            &text,
+            r#"kubeproxy_sync_proxy_rules_iptables_total{table="nat"}"#
+        ) >= 8.0,
+        "{text}"
+    );
+
+    // Someone flushes and deletes every chain of the nat table, as `iptables -t nat -F; -X`.
+    agent.must("iptables-nft", &["-t", "nat", "-F"]);
+    agent.must("iptables-nft", &["-t", "nat", "-X"]);
+    assert!(!agent.iptables_save().contains("KUBE-SVC-"));
+    agent.wait_ruleset("the repair after the canary vanished", |rs| {
+        rs.contains("--to-destination 10.0.0.2:8080")
+            && rs.contains("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES")
+    });
+    let (_, text) = agent.get(METRICS, "/metrics");
+    assert!(
+        agent.metric(&text, "switchyard_drift_repairs_total") >= 1.0,
+        "{text}\n{}",
+        agent.log()
+    );
+    assert_eq!(
+        agent.metric(
+            &text,
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+        ),
+        0.0
+    );
+    // The jumps from the built-in chains are there once, after all of that.
+    let rs = agent.iptables_save();
+    assert_eq!(
+        rs.matches(
+            "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+        )
+        .count(),
+        1,
+        "{rs}"
+    );
+    let status = agent.terminate();
+    assert!(status.success(), "{status:?}\n{}", agent.log());
+    assert!(agent
+        .iptables_save()
+        .contains("--to-destination 10.0.0.2:8080"));
 }
 
 #[test]

@@ -21,6 +21,9 @@ pub struct Metrics {
     pub endpoint_changes_pending: IntGauge,
     pub endpoint_changes_total: IntCounter,
     pub nftables_sync_failures: IntCounter,
+    pub iptables_restore_failures: IntCounter,
+    pub iptables_partial_restore_failures: IntCounter,
+    pub iptables_rules: IntGaugeVec,
     pub no_local_endpoints: IntGaugeVec,
     pub drift_repairs: IntCounter,
     pub objects_invalid: IntGaugeVec,
@@ -155,6 +158,30 @@ impl Metrics {
                 IntCounter::new(
                     "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
                     "Cumulative proxy nftables sync failures",
+                )?,
+            )?,
+            iptables_restore_failures: register(
+                &r,
+                IntCounter::new(
+                    "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+                    "Cumulative proxy iptables restore failures",
+                )?,
+            )?,
+            iptables_partial_restore_failures: register(
+                &r,
+                IntCounter::new(
+                    "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+                    "Cumulative proxy iptables partial restore failures",
+                )?,
+            )?,
+            iptables_rules: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "kubeproxy_sync_proxy_rules_iptables_total",
+                        "Total number of iptables rules owned by kube-proxy",
+                    ),
+                    &["table"],
                 )?,
             )?,
             no_local_endpoints: register(
@@ -300,6 +327,8 @@ mod tests {
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
             "kubeproxy_sync_proxy_rules_endpoint_changes_total",
             "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");

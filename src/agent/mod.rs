@@ -10,10 +10,12 @@ pub mod metrics;
 pub mod schedule;
 pub mod store;
 
-use crate::config::ProxyConfig;
+use crate::config::{ProxyConfig, ProxyMode};
 use crate::manifests::ManifestError;
 use crate::nodeaddr::Interfaces;
 use dataplane::backend::{Backend, BackendError, Scope, SyncReport};
+use dataplane::iptables::exec::IptablesCommand;
+use dataplane::iptables::IptablesBackend;
 use dataplane::nft::exec::{read_kernel, NftCommand, NftError};
 use dataplane::nft::state::Ruleset;
 use dataplane::nft::verify;
@@ -121,9 +123,17 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
     };
 
     let (checked_tx, mut checked_rx) = mpsc::channel::<KernelRead>(1);
+    let backend = match cfg.mode {
+        ProxyMode::Iptables => Dataplane::Iptables(IptablesBackend::new(
+            IptablesCommand::for_variant(cfg.iptables_backend),
+        )),
+        _ => Dataplane::Nft(NftBackend::new(NftCommand::default())),
+    };
     let mut agent = Agent {
         store: Store::new(cfg.clone(), node_name, Box::new(Interfaces)),
-        backend: NftBackend::new(NftCommand::default()),
+        backend,
+        canary_interval: cfg.sync_period.min(CANARY_INTERVAL),
+        next_canary: None,
         schedule: Schedule::new(cfg.min_sync_period, cfg.sync_period),
         metrics,
         health,
@@ -141,6 +151,13 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
         let due = agent.schedule.due(agent.store.initial_lists_done());
         let sleep = async {
             match due {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let canary = agent.next_canary;
+        let canary = async {
+            match canary {
                 Some(at) => tokio::time::sleep_until(at.into()).await,
                 None => std::future::pending().await,
             }
@@ -166,6 +183,7 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
             }
             Some(read) = checked_rx.recv() => agent.checked(read),
             _ = sleep => agent.sync(),
+            _ = canary => agent.probe_canary(),
         }
     }
 }
@@ -199,10 +217,39 @@ fn health_router(health: Arc<Mutex<Health>>, metrics: Metrics) -> http::Router {
     })
 }
 
+/// How often, at most, iptables mode looks for its canary chains between full syncs
+/// (kube-proxy looks every syncPeriod).
+const CANARY_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The kernel interface the agent programs.
+enum Dataplane {
+    Nft(NftBackend<NftCommand>),
+    Iptables(IptablesBackend<IptablesCommand>),
+}
+
+impl Dataplane {
+    fn backend(&mut self) -> &mut dyn Backend {
+        match self {
+            Dataplane::Nft(b) => b,
+            Dataplane::Iptables(b) => b,
+        }
+    }
+
+    fn nft(&mut self) -> Option<&mut NftBackend<NftCommand>> {
+        match self {
+            Dataplane::Nft(b) => Some(b),
+            Dataplane::Iptables(_) => None,
+        }
+    }
+}
+
 /// The agent's state between events.
 struct Agent {
     store: Store,
-    backend: NftBackend<NftCommand>,
+    backend: Dataplane,
+    /// iptables mode: when to look for the canary chains next (after the first sync).
+    next_canary: Option<Instant>,
+    canary_interval: Duration,
     schedule: Schedule,
     metrics: Metrics,
     health: Arc<Mutex<Health>>,
@@ -262,13 +309,16 @@ impl Agent {
         let started = Instant::now();
         let required = self.schedule.full_required();
         let mut full = self.schedule.start(started);
-        if full && !required {
+        // In iptables mode the periodic sync is a full one, as kube-proxy's: iptables-save
+        // shows what is gone and the restore puts everything back.
+        let nft = self.backend.nft().is_some();
+        if full && !required && nft {
             // The periodic full sync. If nobody else committed to nftables since the kernel
             // last matched, it still does, and one generation request says so. Otherwise
             // the kernel is read back; 100k elements take it most of a second, so the read
             // runs beside the syncs, and a full sync follows only if the kernel turns out
             // changed. A check still in flight covers this period.
-            if !self.checking && self.backend.kernel_unchanged() {
+            if !self.checking && self.backend.nft().is_some_and(|b| b.kernel_unchanged()) {
                 self.metrics
                     .kernel_checks_by
                     .with_label_values(&["generation"])
@@ -300,17 +350,29 @@ impl Agent {
         };
         let snapshot = self.store.snapshot();
         // nft runs as a child process; keep the runtime's other tasks (HTTP, watches) going.
-        let result = tokio::task::block_in_place(|| self.backend.sync(snapshot, scope));
+        let backend = self.backend.backend();
+        let result = tokio::task::block_in_place(|| backend.sync(snapshot, scope));
         let done = Instant::now();
         self.update_pending_gauges();
         match result {
             Ok(report) => self.succeeded(report, done),
-            Err(e) => self.failed(&e, done),
+            Err(e) => self.failed(&e, done, full),
         }
     }
 
     fn succeeded(&mut self, report: SyncReport, done: Instant) {
         let now = SystemTime::now();
+        if let Dataplane::Iptables(ipt) = &self.backend {
+            for (table, n) in ipt.rule_counts() {
+                self.metrics
+                    .iptables_rules
+                    .with_label_values(&[table.as_str()])
+                    .set(n as i64);
+            }
+            if self.next_canary.is_none() {
+                self.next_canary = Some(done + self.canary_interval);
+            }
+        }
         self.schedule.succeeded(done, report.full);
         let secs = report.duration.as_secs_f64();
         self.metrics.sync_duration.observe(secs);
@@ -399,7 +461,10 @@ impl Agent {
             .with_label_values(&["read"])
             .inc();
         let consistent = generation.is_some();
-        let differences = self.backend.finish_verify(&kernel, generation);
+        let Some(nft) = self.backend.nft() else {
+            return;
+        };
+        let differences = nft.finish_verify(&kernel, generation);
         // Freeing 100k elements takes tens of milliseconds; not on the event loop.
         tokio::task::spawn_blocking(move || drop(kernel));
         self.metrics
@@ -440,7 +505,7 @@ impl Agent {
 
     /// Read the kernel back in the background; [`Self::checked`] gets the result.
     fn start_check(&mut self, now: Instant) {
-        if !self.backend.begin_verify() {
+        if !self.backend.nft().is_some_and(|b| b.begin_verify()) {
             return;
         }
         self.checking = true;
@@ -450,8 +515,34 @@ impl Agent {
         });
     }
 
-    fn failed(&mut self, e: &BackendError, done: Instant) {
-        self.metrics.nftables_sync_failures.inc();
+    /// iptables mode: if a canary chain is gone, someone flushed our chains; a full sync
+    /// puts them back.
+    fn probe_canary(&mut self) {
+        let now = Instant::now();
+        self.next_canary = Some(now + self.canary_interval);
+        let Dataplane::Iptables(ipt) = &mut self.backend else {
+            return;
+        };
+        match tokio::task::block_in_place(|| ipt.canary_missing()) {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::warn!("a canary chain is gone: our iptables chains were flushed; repairing with a full sync");
+                self.schedule.require_full();
+            }
+            Err(e) => tracing::warn!("cannot look for the canary chains: {e}"),
+        }
+    }
+
+    fn failed(&mut self, e: &BackendError, done: Instant, full: bool) {
+        match self.backend {
+            Dataplane::Nft(_) => self.metrics.nftables_sync_failures.inc(),
+            Dataplane::Iptables(_) => {
+                self.metrics.iptables_restore_failures.inc();
+                if !full {
+                    self.metrics.iptables_partial_restore_failures.inc();
+                }
+            }
+        }
         self.metrics
             .sync_failures
             .with_label_values(&[e.reason()])

@@ -2,6 +2,7 @@
 //! route_localnet sysctl, behind a trait with a fake twin; and choosing between the
 //! iptables-nft and iptables-legacy back ends as the kube-proxy image's wrapper does.
 
+use super::render::TableName;
 use super::restore::{parse_save, SaveParseError, Saved};
 use crate::model::IpFamily;
 use std::io::Write;
@@ -71,6 +72,13 @@ pub trait IptablesExecutor {
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError>;
     /// Let IPv4 packets to 127.0.0.0/8 be routed (NodePorts on localhost).
     fn enable_route_localnet(&mut self) -> Result<(), IptablesError>;
+    /// Whether `chain` exists in `table`: the canary probe, far cheaper than a save.
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: TableName,
+        chain: &str,
+    ) -> Result<bool, IptablesError>;
 }
 
 /// The real executor: the iptables binaries of one variant.
@@ -86,7 +94,11 @@ fn program(family: IpFamily, variant: Variant, op: &str) -> String {
         IpFamily::V4 => "iptables",
         IpFamily::V6 => "ip6tables",
     };
-    format!("{fam}-{}-{op}", variant.as_str())
+    if op.is_empty() {
+        format!("{fam}-{}", variant.as_str())
+    } else {
+        format!("{fam}-{}-{op}", variant.as_str())
+    }
 }
 
 /// Runs `prog args`, feeding `stdin`; (success, stdout, stderr).
@@ -140,6 +152,18 @@ impl IptablesCommand {
         IptablesCommand {
             variant,
             lock_wait: 5,
+        }
+    }
+
+    /// `variant`, or the one the node uses when `None`.
+    pub fn for_variant(variant: Option<Variant>) -> Self {
+        match variant {
+            Some(v) => IptablesCommand::new(v),
+            None => {
+                let cmd = IptablesCommand::detect();
+                tracing::info!("iptables back end: {} (detected)", cmd.variant.as_str());
+                cmd
+            }
         }
     }
 
@@ -237,6 +261,36 @@ impl IptablesExecutor for IptablesCommand {
         }
         Err(IptablesError::Rejected {
             line: offending_line(&stderr, input),
+            program: prog,
+            stderr,
+        })
+    }
+
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: TableName,
+        chain: &str,
+    ) -> Result<bool, IptablesError> {
+        let prog = program(family, self.variant, "");
+        let wait = self.lock_wait.to_string();
+        let (ok, _, stderr) = run(
+            &prog,
+            &["-w", &wait, "-t", table.as_str(), "-S", chain],
+            None,
+        )?;
+        if ok {
+            return Ok(true);
+        }
+        // iptables-nft 1.8.9 calls a missing chain "incompatible" once the table has lost
+        // its built-in chains too (`-F` then `-X`); either way ours is not there as written.
+        if ["No chain", "does not exist", "incompatible"]
+            .iter()
+            .any(|m| stderr.contains(m))
+        {
+            return Ok(false);
+        }
+        Err(IptablesError::Save {
             program: prog,
             stderr,
         })
@@ -351,5 +405,18 @@ impl IptablesExecutor for FakeIptables {
     fn enable_route_localnet(&mut self) -> Result<(), IptablesError> {
         self.route_localnet = true;
         Ok(())
+    }
+
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: TableName,
+        chain: &str,
+    ) -> Result<bool, IptablesError> {
+        Ok(self
+            .families
+            .get(&family)
+            .and_then(|s| s.table(table))
+            .is_some_and(|t| t.chains.contains(chain)))
     }
 }

@@ -6,13 +6,13 @@ pub mod names;
 pub mod render;
 pub mod restore;
 
-use crate::backend::{Backend, BackendError, Scope, SyncReport};
+use crate::backend::{Backend, BackendError, Scope, ServiceKey, SyncReport};
 use crate::model::{IpFamily, Snapshot};
 use crate::nft::transaction::TxStats;
 use exec::{IptablesError, IptablesExecutor};
-use render::{Rendered, Tables};
+use render::{FamilyLayout, Rendered};
 use restore::{Base, RestoreStats};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -20,21 +20,50 @@ use std::time::Instant;
 #[derive(Debug)]
 pub struct IptablesBackend<E: IptablesExecutor> {
     exec: E,
-    /// What the last successful restore of each family left in our chains; a family
-    /// missing here is synced in full, against what iptables-save shows.
-    applied: BTreeMap<IpFamily, Tables>,
+    /// What the last successful restores left in our chains, per family, as the layout
+    /// that produced it; a family missing here is synced in full, against the kernel.
+    applied: Rendered,
+    /// Chains partial syncs emptied but left in place, per family; full syncs delete them.
+    retired: BTreeMap<IpFamily, BTreeSet<String>>,
 }
 
 impl<E: IptablesExecutor> IptablesBackend<E> {
     pub fn new(exec: E) -> Self {
         IptablesBackend {
             exec,
-            applied: BTreeMap::new(),
+            applied: Rendered::default(),
+            retired: BTreeMap::new(),
         }
     }
 
     pub fn executor(&self) -> &E {
         &self.exec
+    }
+
+    /// Rules we own per table, over both families, as the last syncs left them.
+    pub fn rule_counts(&self) -> BTreeMap<render::TableName, usize> {
+        let mut out = BTreeMap::new();
+        for layout in self.applied.families.values() {
+            for (table, _, rules) in layout.chains() {
+                *out.entry(table).or_insert(0) += rules.len();
+            }
+        }
+        out
+    }
+
+    /// Whether a canary chain the last syncs wrote is gone from any table: someone
+    /// flushed or deleted our chains, and only a full sync brings them back.
+    pub fn canary_missing(&mut self) -> Result<bool, IptablesError> {
+        for (family, layout) in &self.applied.families {
+            for (table, chains) in &layout.fixed.tables {
+                if chains.contains_key(names::CANARY)
+                    && !self.exec.chain_exists(*family, *table, names::CANARY)?
+                {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
     }
 
     /// The restore input, per family, that would program `snapshot` into a kernel with
@@ -44,12 +73,12 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         let empty = restore::Saved::default();
         let mut out = String::new();
         for family in IpFamily::ALL {
-            let (Some(tables), Some(jumps)) =
+            let (Some(layout), Some(jumps)) =
                 (rendered.families.get(&family), rendered.jumps.get(&family))
             else {
                 continue;
             };
-            let (input, _) = restore::sync_input(tables, Base::Kernel(&empty), jumps);
+            let (input, _, _) = restore::sync_input(layout, Base::Kernel(&empty), jumps);
             let cmd = match family {
                 IpFamily::V4 => "iptables-restore",
                 IpFamily::V6 => "ip6tables-restore",
@@ -60,46 +89,50 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         out
     }
 
-    /// One family: restore against the kernel (full) or our last write (partial).
+    /// One family: restore against the kernel (`previous` is `None`: full) or against
+    /// `previous`, the old rules of what changed (partial).
     fn sync_family(
         &mut self,
-        rendered: &mut Rendered,
+        desired: &FamilyLayout,
+        jumps: &[render::Jump],
+        previous: Option<(&FamilyLayout, Option<&BTreeSet<ServiceKey>>)>,
+        applied_before: Option<&FamilyLayout>,
         family: IpFamily,
-        full: bool,
     ) -> Result<(RestoreStats, bool), IptablesError> {
-        let desired = rendered.families.remove(&family).unwrap_or_default();
-        let jumps = rendered.jumps.remove(&family).unwrap_or_default();
-        let last = self.applied.remove(&family);
-        let (previous, partial_base) = if full { (last, None) } else { (None, last) };
-        let (input, stats, drift) = match &partial_base {
-            Some(prev) => {
-                let (input, stats) = restore::sync_input(&desired, Base::Previous(prev), &jumps);
+        let (input, stats, drift) = match previous {
+            Some((layout, changed)) => {
+                let (input, stats, retired) =
+                    restore::sync_input(desired, Base::Previous { layout, changed }, jumps);
+                self.retired.entry(family).or_default().extend(retired);
                 (input, stats, false)
             }
             None => {
                 let saved = self.exec.save(family)?;
                 // Drift: a chain or a jump we wrote is gone (someone flushed us).
-                let drift = previous.as_ref().is_some_and(|prev| {
-                    prev.tables.iter().any(|(t, chains)| {
-                        let held = saved.table(*t);
-                        chains
-                            .keys()
-                            .any(|c| !held.is_some_and(|h| h.chains.contains(c)))
-                    }) || jumps.iter().any(|j| {
-                        !saved
-                            .table(j.table)
-                            .is_some_and(|h| h.jumps_to(j.builtin, j.target))
-                    })
+                let drift = applied_before.is_some_and(|prev| {
+                    prev.chains()
+                        .any(|(t, c, _)| !saved.table(t).is_some_and(|h| h.chains.contains(c)))
+                        || jumps.iter().any(|j| {
+                            !saved
+                                .table(j.table)
+                                .is_some_and(|h| h.jumps_to(j.builtin, j.target))
+                        })
                 });
-                let (input, stats) = restore::sync_input(&desired, Base::Kernel(&saved), &jumps);
+                let (input, stats, _) = restore::sync_input(desired, Base::Kernel(&saved), jumps);
                 (input, stats, drift)
             }
         };
         if !input.is_empty() {
-            // On failure the family stays out of `applied`: the next sync is full.
             self.exec.restore(family, &input)?;
         }
-        self.applied.insert(family, desired);
+        if previous.is_none() {
+            // The full restore deleted every stale chain the kernel held.
+            self.retired.remove(&family);
+        } else if let Some(retired) = self.retired.get_mut(&family) {
+            for (_, c, _) in desired.chains() {
+                retired.remove(c);
+            }
+        }
         Ok((stats, drift))
     }
 }
@@ -107,25 +140,48 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
 impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
     fn sync(&mut self, snapshot: &Snapshot, scope: Scope<'_>) -> Result<SyncReport, BackendError> {
         let started = Instant::now();
-        let mut rendered = render::render(snapshot);
-        let report = std::mem::take(&mut rendered.report);
-        let first = self.applied.is_empty();
+        let first = self.applied.families.is_empty();
         if (scope.is_full() || first) && render::localhost_node_ports(&snapshot.node) {
             self.exec.enable_route_localnet()?;
         }
+        let all_applied = IpFamily::ALL
+            .iter()
+            .all(|f| self.applied.families.contains_key(f));
+        let changed = match scope {
+            Scope::Services(changed) if all_applied => Some(changed),
+            _ => None,
+        };
+        // With changed services, the rest of the layout moves over from the last sync and
+        // `previous` keeps only what the changed ports had.
+        let mut previous = std::mem::take(&mut self.applied);
+        let mut rendered = render::rerender(snapshot, &mut previous, changed);
+        let report = std::mem::take(&mut rendered.report);
         let mut stats = RestoreStats::default();
         let mut drift = false;
-        let mut full = scope.is_full();
+        let mut full = false;
         let mut failure = None;
         // A family that fails does not stop the other.
         for family in IpFamily::ALL {
-            let family_full = scope.is_full() || !self.applied.contains_key(&family);
+            let (Some(desired), Some(jumps)) = (
+                rendered.families.remove(&family),
+                rendered.jumps.remove(&family),
+            ) else {
+                continue;
+            };
+            let before = previous.families.get(&family);
+            let family_full = scope.is_full() || before.is_none();
             full |= family_full;
-            match self.sync_family(&mut rendered, family, family_full) {
+            let base = (!family_full)
+                .then(|| before.map(|b| (b, changed)))
+                .flatten();
+            match self.sync_family(&desired, &jumps, base, before, family) {
                 Ok((s, d)) => {
                     stats.add(s);
                     drift |= d;
+                    self.applied.families.insert(family, desired);
+                    self.applied.jumps.insert(family, jumps);
                 }
+                // The family stays out of `applied`: its next sync is full.
                 Err(e) => failure = failure.or(Some(e)),
             }
         }
@@ -152,7 +208,8 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
     /// Removes our chains and the jumps to them from both families; returns how many
     /// chains went away.
     fn cleanup(&mut self) -> Result<usize, BackendError> {
-        self.applied.clear();
+        self.applied = Rendered::default();
+        self.retired.clear();
         let mut removed = 0;
         for family in IpFamily::ALL {
             let saved = self.exec.save(family)?;

@@ -14,8 +14,8 @@
 
 use super::names::{self, *};
 use crate::model::{
-    Endpoint, IpFamily, LocalDetector, NodeConfig, NodePortAddresses, ServicePort, Snapshot,
-    TrafficPolicy,
+    Endpoint, IpFamily, LocalDetector, NodeConfig, NodePortAddresses, Protocol, ServicePort,
+    ServicePortName, Snapshot, TrafficPolicy,
 };
 use crate::nft::layout::{disjoint_cidrs, LayoutReport};
 use crate::selection;
@@ -88,7 +88,7 @@ pub struct Jump {
 /// The whole layout: chains per family, the jumps into them, and what was left out.
 #[derive(Debug, Clone, Default)]
 pub struct Rendered {
-    pub families: BTreeMap<IpFamily, Tables>,
+    pub families: BTreeMap<IpFamily, FamilyLayout>,
     pub jumps: BTreeMap<IpFamily, Vec<Jump>>,
     pub report: LayoutReport,
 }
@@ -214,42 +214,93 @@ pub fn probability(n: usize) -> String {
     format!("{:.10}", 1.0 / n as f64)
 }
 
-/// Mutable state while laying out one family.
-struct Builder<'a> {
+/// A front end of a service port: the address (or node port) it claims, and its rules in
+/// the fixed chains. A front end two services claim goes to the first, as in nftables mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frontend {
+    pub key: String,
+    pub rules: Vec<(TableName, &'static str, String)>,
+}
+
+/// Everything one service port contributes to one family's tables: its front ends' rules
+/// in the fixed chains and its own nat chains (`KUBE-SVC-`, `-SVL-`, `-EXT-`, `-SEP-`),
+/// whose names no other port shares.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortRules {
+    /// `ns/name:port/proto (family)`, for conflict messages.
+    pub label: String,
+    pub frontends: Vec<Frontend>,
+    /// Rules in fixed chains that claim nothing (the health-check node port).
+    pub extra: Vec<(TableName, &'static str, String)>,
+    pub chains: Chains,
+    pub no_local_internal: bool,
+    pub no_local_external: bool,
+}
+
+/// One family's layout: the fixed chains, assembled from every port's front ends, and
+/// each port's own chains.
+#[derive(Debug, Clone, Default)]
+pub struct FamilyLayout {
+    pub fixed: Tables,
+    pub ports: BTreeMap<ServicePortName, PortRules>,
+}
+
+impl FamilyLayout {
+    /// Every chain of the family, table by table, fixed and per port.
+    pub fn chains(&self) -> impl Iterator<Item = (TableName, &str, &[String])> + '_ {
+        let fixed = self.fixed.tables.iter().flat_map(|(t, chains)| {
+            chains
+                .iter()
+                .map(move |(c, r)| (*t, c.as_str(), r.as_slice()))
+        });
+        let ports = self.ports.values().flat_map(|p| {
+            p.chains
+                .iter()
+                .map(|(c, r)| (TableName::Nat, c.as_str(), r.as_slice()))
+        });
+        fixed.chain(ports)
+    }
+
+    /// The family's chains as one set of tables.
+    pub fn tables(&self) -> Tables {
+        let mut t = Tables::default();
+        for (table, chain, rules) in self.chains() {
+            t.tables
+                .entry(table)
+                .or_default()
+                .insert(chain.to_string(), rules.to_vec());
+        }
+        t
+    }
+}
+
+/// Renders the ports of one family.
+struct PortRenderer<'a> {
     node: &'a NodeConfig,
     family: IpFamily,
-    mark: String,
     detector: Option<(String, String)>,
-    nat: Chains,
-    filter: Chains,
-    /// nat KUBE-SERVICES, KUBE-NODEPORTS and filter chains are appended in service order.
-    claimed: BTreeSet<String>,
-    conflicts: Vec<String>,
-    report: LayoutReport,
 }
 
-fn push(chains: &mut Chains, chain: &str, rule: String) {
-    chains.entry(chain.to_string()).or_default().push(rule);
-}
-
-impl Builder<'_> {
-    /// Claim a front end (`ip proto port` or `proto nodeport`); false if another service has it.
-    fn claim(&mut self, svc: &ServicePort, key: String) -> bool {
-        if self.claimed.insert(key.clone()) {
-            return true;
+impl PortRenderer<'_> {
+    fn new(node: &NodeConfig, family: IpFamily) -> PortRenderer<'_> {
+        PortRenderer {
+            node,
+            family,
+            detector: detector(node, family),
         }
-        self.conflicts.push(format!(
-            "service port {} ({}): front end {key} is already used by another service; skipped",
-            svc.name, svc.family
-        ));
-        false
     }
 
     /// The rules from `chain` to `endpoints`, each with an equal share.
-    fn balance(&mut self, svc: &ServicePort, spn: &str, chain: &str, endpoints: &[&Endpoint]) {
+    fn balance(
+        out: &mut PortRules,
+        svc: &ServicePort,
+        spn: &str,
+        chain: &str,
+        endpoints: &[(&Endpoint, String)],
+    ) {
         let n = endpoints.len();
-        let rules = self.nat.entry(chain.to_string()).or_default();
-        for (i, ep) in endpoints.iter().enumerate() {
+        let rules = out.chains.entry(chain.to_string()).or_default();
+        for (i, (ep, sep)) in endpoints.iter().enumerate() {
             let mut rule = comment(&format!(
                 "{spn} -> {}",
                 names::endpoint_string(ep.ip, ep.port)
@@ -261,15 +312,18 @@ impl Builder<'_> {
                     probability(n - i)
                 );
             }
-            let _ = write!(rule, " -j {}", endpoint_chain(&svc.name, ep));
+            let _ = write!(rule, " -j {sep}");
             rules.push(rule);
         }
+        let _ = svc;
     }
 
-    fn endpoint(&mut self, svc: &ServicePort, spn: &str, ep: &Endpoint) {
+    fn endpoint(out: &mut PortRules, svc: &ServicePort, spn: &str, ep: &Endpoint, chain: &str) {
+        if out.chains.contains_key(chain) {
+            return;
+        }
         let proto = svc.name.protocol;
         let c = comment(spn);
-        let chain = endpoint_chain(&svc.name, ep);
         // An endpoint reaching itself through the service must be masqueraded, or it
         // would answer itself directly.
         let rules = vec![
@@ -279,15 +333,19 @@ impl Builder<'_> {
                 names::endpoint_string(ep.ip, ep.port)
             ),
         ];
-        self.nat.insert(chain, rules);
+        out.chains.insert(chain.to_string(), rules);
     }
 
-    fn service(&mut self, svc: &ServicePort, all: &[Endpoint]) {
+    fn port(&self, svc: &ServicePort, all: &[Endpoint]) -> PortRules {
+        let mut out = PortRules {
+            label: format!("service port {} ({})", svc.name, svc.family),
+            ..PortRules::default()
+        };
         let spn = names::port_name_string(&svc.name);
         let proto = svc.name.protocol;
         let sel = selection::select(self.node, svc, all);
-        let cluster = dedup(&sel.cluster);
-        let local = dedup(&sel.local);
+        let cluster = with_chains(svc, dedup(&sel.cluster));
+        let local = with_chains(svc, dedup(&sel.local));
         let internal_local = svc.internal_traffic_policy == TrafficPolicy::Local;
         let external_local = svc.external_traffic_policy == TrafficPolicy::Local;
         let accessible = svc.has_external_frontends();
@@ -314,45 +372,41 @@ impl Builder<'_> {
             &svc_chain
         };
 
-        let (int_target, int_comment, ext_target, ext_comment) = if !has_endpoints {
-            let c = format!("{spn} has no endpoints");
-            ("REJECT", c.clone(), "REJECT", c)
+        let (target, filter_comment) = if !has_endpoints {
+            ("REJECT", format!("{spn} has no endpoints"))
         } else {
-            let c = format!("{spn} has no local endpoints");
-            ("DROP", c.clone(), "DROP", c)
+            ("DROP", format!("{spn} has no local endpoints"))
         };
-        if has_endpoints && !has_internal {
-            self.report.no_local_endpoints.internal += 1;
-        }
-        if has_endpoints && accessible && !has_external {
-            self.report.no_local_endpoints.external += 1;
-        }
+        out.no_local_internal = has_endpoints && !has_internal;
+        out.no_local_external = has_endpoints && accessible && !has_external;
 
         let dst =
             |ip: IpAddr| format!("-m {proto} -p {proto} -d {} --dport {}", host(ip), svc.port);
-        if self.claim(svc, format!("{} {proto} {}", svc.cluster_ip, svc.port)) {
-            if has_internal {
-                push(
-                    &mut self.nat,
-                    SERVICES,
-                    format!(
-                        "{} {} -j {internal_chain}",
-                        comment(&format!("{spn} cluster IP")),
-                        dst(svc.cluster_ip)
-                    ),
-                );
-            } else {
-                push(
-                    &mut self.filter,
-                    SERVICES,
-                    format!(
-                        "{} {} -j {int_target}",
-                        comment(&int_comment),
-                        dst(svc.cluster_ip)
-                    ),
-                );
-            }
-        }
+        let cluster_rule = if has_internal {
+            (
+                TableName::Nat,
+                SERVICES,
+                format!(
+                    "{} {} -j {internal_chain}",
+                    comment(&format!("{spn} cluster IP")),
+                    dst(svc.cluster_ip)
+                ),
+            )
+        } else {
+            (
+                TableName::Filter,
+                SERVICES,
+                format!(
+                    "{} {} -j {target}",
+                    comment(&filter_comment),
+                    dst(svc.cluster_ip)
+                ),
+            )
+        };
+        out.frontends.push(Frontend {
+            key: format!("{} {proto} {}", svc.cluster_ip, svc.port),
+            rules: vec![cluster_rule],
+        });
 
         let mut seen = BTreeSet::from([svc.cluster_ip]);
         let ext_ips = svc.external_ips.iter().map(|ip| (ip, "external IP"));
@@ -364,67 +418,73 @@ impl Builder<'_> {
             if IpFamily::of(ip) != self.family || !seen.insert(*ip) {
                 continue;
             }
-            if !self.claim(svc, format!("{ip} {proto} {}", svc.port)) {
-                continue;
-            }
+            let mut rules = Vec::new();
             if has_endpoints {
-                push(
-                    &mut self.nat,
+                rules.push((
+                    TableName::Nat,
                     SERVICES,
                     format!(
                         "{} {} -j {ext_chain}",
                         comment(&format!("{spn} {what}")),
                         dst(*ip)
                     ),
-                );
+                ));
             }
             if !has_external {
-                push(
-                    &mut self.filter,
+                rules.push((
+                    TableName::Filter,
                     EXTERNAL_SERVICES,
-                    format!("{} {} -j {ext_target}", comment(&ext_comment), dst(*ip)),
-                );
+                    format!("{} {} -j {target}", comment(&filter_comment), dst(*ip)),
+                ));
             }
+            out.frontends.push(Frontend {
+                key: format!("{ip} {proto} {}", svc.port),
+                rules,
+            });
         }
 
-        if svc.node_port != 0 && self.claim(svc, format!("{proto} {}", svc.node_port)) {
+        if svc.node_port != 0 {
+            let mut rules = Vec::new();
             if has_endpoints {
-                push(
-                    &mut self.nat,
+                rules.push((
+                    TableName::Nat,
                     NODEPORTS,
                     format!(
                         "{} -m {proto} -p {proto} --dport {} -j {ext_chain}",
                         comment(&spn),
                         svc.node_port
                     ),
-                );
+                ));
             }
             if !has_external {
-                push(
-                    &mut self.filter,
+                rules.push((
+                    TableName::Filter,
                     EXTERNAL_SERVICES,
                     format!(
-                        "{} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {} -j {ext_target}",
-                        comment(&ext_comment),
+                        "{} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {} -j {target}",
+                        comment(&filter_comment),
                         svc.node_port
                     ),
-                );
+                ));
             }
+            out.frontends.push(Frontend {
+                key: format!("{proto} {}", svc.node_port),
+                rules,
+            });
         }
 
         if svc.health_check_node_port != 0 {
-            push(
-                &mut self.filter,
+            out.extra.push((
+                TableName::Filter,
                 NODEPORTS,
                 format!(
                     "{} -m tcp -p tcp --dport {} -j ACCEPT",
                     comment(&format!("{spn} health check node port")),
                     svc.health_check_node_port
                 ),
-            );
+            ));
         }
 
-        let mut reachable: Vec<&Endpoint> = Vec::new();
         if uses_cluster {
             let masq = if self.node.masquerade_all {
                 Some(String::new())
@@ -433,17 +493,21 @@ impl Builder<'_> {
                     .as_ref()
                     .map(|(_, not_local)| format!(" {not_local}"))
             };
-            let rules = self.nat.entry(svc_chain.clone()).or_default();
             if let Some(m) = masq {
                 // Off-cluster traffic to the cluster IP may bounce to another node.
-                rules.push(format!(
-                    "{} {}{m} -j {MARK_MASQ}",
-                    comment(&format!("{spn} cluster IP")),
-                    dst(svc.cluster_ip)
-                ));
+                out.chains
+                    .entry(svc_chain.clone())
+                    .or_default()
+                    .push(format!(
+                        "{} {}{m} -j {MARK_MASQ}",
+                        comment(&format!("{spn} cluster IP")),
+                        dst(svc.cluster_ip)
+                    ));
             }
-            self.balance(svc, &spn, &svc_chain, &cluster);
-            reachable.extend(&cluster);
+            Self::balance(&mut out, svc, &spn, &svc_chain, &cluster);
+            for (ep, sep) in &cluster {
+                Self::endpoint(&mut out, svc, &spn, ep, sep);
+            }
         }
         if uses_ext {
             let mut rules = Vec::new();
@@ -480,61 +544,24 @@ impl Builder<'_> {
             if has_external {
                 rules.push(format!("-j {external_policy}"));
             }
-            self.nat.insert(ext_chain.clone(), rules);
+            out.chains.insert(ext_chain, rules);
         }
         if uses_local {
-            self.nat.insert(svl_chain.clone(), Vec::new());
-            self.balance(svc, &spn, &svl_chain, &local);
-            reachable.extend(&local);
+            out.chains.insert(svl_chain.clone(), Vec::new());
+            Self::balance(&mut out, svc, &spn, &svl_chain, &local);
+            for (ep, sep) in &local {
+                Self::endpoint(&mut out, svc, &spn, ep, sep);
+            }
         }
-        for ep in reachable {
-            self.endpoint(svc, &spn, ep);
-        }
+        out
     }
+}
 
-    /// The rule(s) at the end of nat KUBE-SERVICES that send node-port traffic on.
-    fn nodeport_tail(&mut self) {
-        let c =
-            comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
-        let loopback = match self.family {
-            IpFamily::V6 => Some("::1/128"),
-            IpFamily::V4 if !self.node.localhost_node_ports => Some("127.0.0.0/8"),
-            IpFamily::V4 => None,
-        };
-        match &self.node.node_port_addresses {
-            NodePortAddresses::All => {
-                let not_loopback = loopback.map(|l| format!(" ! -d {l}")).unwrap_or_default();
-                push(
-                    &mut self.nat,
-                    SERVICES,
-                    format!("{c} -m addrtype --dst-type LOCAL{not_loopback} -j {NODEPORTS}"),
-                )
-            }
-            // Local addresses inside each CIDR: the same set kube-proxy resolves to node
-            // IPs, without a resync when an address comes or goes.
-            NodePortAddresses::Cidrs(cidrs) => {
-                let cidrs = disjoint_cidrs(cidrs, self.family);
-                if let Some(l) = loopback {
-                    // A rule takes one -d, so loopback is excluded by returning first.
-                    let net: Option<IpNetwork> = l.parse().ok();
-                    if net.is_some_and(|n| cidrs.iter().any(|c| c.contains(n.ip()))) {
-                        push(&mut self.nat, SERVICES, format!("{c} -d {l} -j RETURN"));
-                    }
-                }
-                for net in cidrs {
-                    push(
-                        &mut self.nat,
-                        SERVICES,
-                        format!(
-                            "{c} -d {}/{} -m addrtype --dst-type LOCAL -j {NODEPORTS}",
-                            net.network(),
-                            net.prefix()
-                        ),
-                    );
-                }
-            }
-        }
-    }
+/// Each endpoint with the name of its chain.
+fn with_chains<'e>(svc: &ServicePort, eps: Vec<&'e Endpoint>) -> Vec<(&'e Endpoint, String)> {
+    eps.into_iter()
+        .map(|e| (e, endpoint_chain(&svc.name, e)))
+        .collect()
 }
 
 /// Endpoints with the same address and port once, in order.
@@ -546,22 +573,13 @@ fn dedup<'a>(eps: &[&'a Endpoint]) -> Vec<&'a Endpoint> {
         .collect()
 }
 
-fn family_tables(snapshot: &Snapshot, family: IpFamily) -> (Tables, LayoutReport) {
-    let node = &snapshot.node;
-    let mark = format!("{:#x}", node.masquerade_mark());
-    let mut b = Builder {
-        node,
-        family,
-        detector: detector(node, family),
-        mark,
-        nat: Chains::new(),
-        filter: Chains::new(),
-        claimed: BTreeSet::new(),
-        conflicts: Vec::new(),
-        report: LayoutReport::default(),
-    };
+/// The chains that do not depend on any service, empty where services add to them.
+fn fixed_chains(node: &NodeConfig, family: IpFamily) -> Tables {
+    let m = format!("{:#x}", node.masquerade_mark());
+    let mut nat = Chains::new();
+    let mut filter = Chains::new();
     for chain in [SERVICES, NODEPORTS, CANARY] {
-        b.nat.insert(chain.to_string(), Vec::new());
+        nat.insert(chain.to_string(), Vec::new());
     }
     for chain in [
         SERVICES,
@@ -570,10 +588,9 @@ fn family_tables(snapshot: &Snapshot, family: IpFamily) -> (Tables, LayoutReport
         PROXY_FIREWALL,
         CANARY,
     ] {
-        b.filter.insert(chain.to_string(), Vec::new());
+        filter.insert(chain.to_string(), Vec::new());
     }
-    let m = b.mark.clone();
-    b.nat.insert(
+    nat.insert(
         POSTROUTING.into(),
         vec![
             format!("-m mark ! --mark {m}/{m} -j RETURN"),
@@ -584,9 +601,8 @@ fn family_tables(snapshot: &Snapshot, family: IpFamily) -> (Tables, LayoutReport
             ),
         ],
     );
-    b.nat
-        .insert(MARK_MASQ.into(), vec![format!("-j MARK --or-mark {m}")]);
-    b.filter.insert(
+    nat.insert(MARK_MASQ.into(), vec![format!("-j MARK --or-mark {m}")]);
+    filter.insert(
         FORWARD.into(),
         vec![
             format!(
@@ -602,7 +618,7 @@ fn family_tables(snapshot: &Snapshot, family: IpFamily) -> (Tables, LayoutReport
     if family == IpFamily::V4 && localhost_node_ports(node) {
         // route_localnet lets remote hosts reach 127.0.0.1 services (issue 90259); kube-proxy
         // and kubelet both install this guard.
-        b.filter.insert(
+        filter.insert(
             KUBELET_FIREWALL.into(),
             vec![format!(
                 "{} -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
@@ -610,34 +626,161 @@ fn family_tables(snapshot: &Snapshot, family: IpFamily) -> (Tables, LayoutReport
             )],
         );
     }
-    for ((name, fam), svc) in &snapshot.services {
-        if *fam == family {
-            b.service(svc, snapshot.endpoints_of(name));
-        }
-    }
-    b.nodeport_tail();
-    let mut report = b.report;
-    report.conflicts = b.conflicts;
-    let mut tables = Tables::default();
-    tables.tables.insert(TableName::Filter, b.filter);
-    tables.tables.insert(TableName::Nat, b.nat);
-    tables.tables.insert(
+    let mut t = Tables::default();
+    t.tables.insert(TableName::Filter, filter);
+    t.tables.insert(TableName::Nat, nat);
+    t.tables.insert(
         TableName::Mangle,
         Chains::from([(CANARY.to_string(), Vec::new())]),
     );
-    (tables, report)
+    t
+}
+
+/// The rule(s) at the end of nat KUBE-SERVICES that send node-port traffic on.
+fn nodeport_tail(node: &NodeConfig, family: IpFamily) -> Vec<String> {
+    let c = comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
+    let loopback = match family {
+        IpFamily::V6 => Some("::1/128"),
+        IpFamily::V4 if !node.localhost_node_ports => Some("127.0.0.0/8"),
+        IpFamily::V4 => None,
+    };
+    match &node.node_port_addresses {
+        NodePortAddresses::All => {
+            let not_loopback = loopback.map(|l| format!(" ! -d {l}")).unwrap_or_default();
+            vec![format!(
+                "{c} -m addrtype --dst-type LOCAL{not_loopback} -j {NODEPORTS}"
+            )]
+        }
+        // Local addresses inside each CIDR: the same set kube-proxy resolves to node IPs,
+        // without a resync when an address comes or goes.
+        NodePortAddresses::Cidrs(cidrs) => {
+            let cidrs = disjoint_cidrs(cidrs, family);
+            let mut out = Vec::new();
+            if let Some(l) = loopback {
+                // A rule takes one -d, so loopback is excluded by returning first.
+                let net: Option<IpNetwork> = l.parse().ok();
+                if net.is_some_and(|n| cidrs.iter().any(|c| c.contains(n.ip()))) {
+                    out.push(format!("{c} -d {l} -j RETURN"));
+                }
+            }
+            for net in cidrs {
+                out.push(format!(
+                    "{c} -d {}/{} -m addrtype --dst-type LOCAL -j {NODEPORTS}",
+                    net.network(),
+                    net.prefix()
+                ));
+            }
+            out
+        }
+    }
+}
+
+/// The fixed chains with every port's front ends, in port order; a front end already
+/// claimed is left out and reported.
+fn assemble(
+    node: &NodeConfig,
+    family: IpFamily,
+    layout: &mut FamilyLayout,
+    report: &mut LayoutReport,
+) {
+    let mut fixed = fixed_chains(node, family);
+    let mut claimed: BTreeSet<&str> = BTreeSet::new();
+    for port in layout.ports.values() {
+        report.no_local_endpoints.internal += usize::from(port.no_local_internal);
+        report.no_local_endpoints.external += usize::from(port.no_local_external);
+        for fe in &port.frontends {
+            if !claimed.insert(fe.key.as_str()) {
+                report.conflicts.push(format!(
+                    "{}: front end {} is already used by another service; skipped",
+                    port.label, fe.key
+                ));
+                continue;
+            }
+            for (table, chain, rule) in &fe.rules {
+                push(&mut fixed, *table, chain, rule.clone());
+            }
+        }
+        for (table, chain, rule) in &port.extra {
+            push(&mut fixed, *table, chain, rule.clone());
+        }
+    }
+    for rule in nodeport_tail(node, family) {
+        push(&mut fixed, TableName::Nat, SERVICES, rule);
+    }
+    layout.fixed = fixed;
+}
+
+fn push(t: &mut Tables, table: TableName, chain: &str, rule: String) {
+    t.tables
+        .entry(table)
+        .or_default()
+        .entry(chain.to_string())
+        .or_default()
+        .push(rule);
 }
 
 /// The complete layout of a snapshot.
 pub fn render(snapshot: &Snapshot) -> Rendered {
+    let mut none = Rendered::default();
+    rerender(snapshot, &mut none, None)
+}
+
+/// The layout of `snapshot`. With `changed` (the services, as (namespace, name), whose
+/// ports or endpoints changed), every other port is moved over from `previous` instead of
+/// rendered again, leaving in `previous` only the old rules of the changed ports and the
+/// old fixed chains: what the restore input is computed against. The node's configuration
+/// must be the one `previous` was rendered with.
+pub fn rerender(
+    snapshot: &Snapshot,
+    previous: &mut Rendered,
+    changed: Option<&BTreeSet<(String, String)>>,
+) -> Rendered {
+    let node = &snapshot.node;
     let mut out = Rendered::default();
     for family in IpFamily::ALL {
-        let (tables, report) = family_tables(snapshot, family);
-        out.families.insert(family, tables);
-        out.jumps.insert(family, jumps(&snapshot.node, family));
-        out.report.conflicts.extend(report.conflicts);
-        out.report.no_local_endpoints.internal += report.no_local_endpoints.internal;
-        out.report.no_local_endpoints.external += report.no_local_endpoints.external;
+        let r = PortRenderer::new(node, family);
+        let mut layout = FamilyLayout::default();
+        let render_port = |layout: &mut FamilyLayout, name: &ServicePortName, svc| {
+            layout
+                .ports
+                .insert(name.clone(), r.port(svc, snapshot.endpoints_of(name)));
+        };
+        match changed {
+            None => {
+                for ((name, fam), svc) in &snapshot.services {
+                    if *fam == family {
+                        render_port(&mut layout, name, svc);
+                    }
+                }
+            }
+            Some(changed) => {
+                let old = previous.families.entry(family).or_default();
+                let touched =
+                    |n: &ServicePortName| changed.contains(&(n.namespace.clone(), n.name.clone()));
+                let (kept, rest): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut old.ports)
+                    .into_iter()
+                    .partition(|(n, _)| !touched(n));
+                old.ports = rest;
+                layout.ports = kept;
+                for (ns, name) in changed {
+                    let start = (
+                        ServicePortName::new(ns, name, "", Protocol::Tcp),
+                        IpFamily::V4,
+                    );
+                    for ((spn, fam), svc) in snapshot.services.range(start..) {
+                        if spn.namespace != *ns || spn.name != *name {
+                            break;
+                        }
+                        if *fam == family {
+                            render_port(&mut layout, spn, svc);
+                        }
+                    }
+                }
+            }
+        }
+        assemble(node, family, &mut layout, &mut out.report);
+        out.families.insert(family, layout);
+        out.jumps.insert(family, jumps(node, family));
     }
     out
 }

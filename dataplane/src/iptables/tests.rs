@@ -51,8 +51,12 @@ fn snapshot(endpoints: &[&str]) -> Snapshot {
     s
 }
 
+fn table(s: &Snapshot, family: IpFamily, table: TableName) -> super::render::Chains {
+    render(s).families[&family].tables().tables[&table].clone()
+}
+
 fn nat(s: &Snapshot) -> super::render::Chains {
-    render(s).families[&IpFamily::V4].tables[&TableName::Nat].clone()
+    table(s, IpFamily::V4, TableName::Nat)
 }
 
 #[test]
@@ -106,7 +110,7 @@ fn layout_is_kube_proxys() {
             format!("-j {svc}"),
         ]
     );
-    let filter = &render(&s).families[&IpFamily::V4].tables[&TableName::Filter];
+    let filter = &table(&s, IpFamily::V4, TableName::Filter);
     assert_eq!(
         filter[SERVICES],
         vec!["-m comment --comment \"ns2/empty has no endpoints\" -m udp -p udp -d 172.30.0.42/32 --dport 53 -j REJECT".to_string()]
@@ -159,13 +163,14 @@ fn local_policies_use_local_chains_and_short_circuit() {
     let r = render(&s);
     assert_eq!(r.report.no_local_endpoints.internal, 1);
     assert_eq!(r.report.no_local_endpoints.external, 1);
-    let filter = &r.families[&IpFamily::V4].tables[&TableName::Filter];
+    let t = r.families[&IpFamily::V4].tables();
+    let filter = &t.tables[&TableName::Filter];
     assert!(
         filter[SERVICES][0].contains("has no local endpoints")
             && filter[SERVICES][0].ends_with("-j DROP")
     );
     assert!(filter[EXTERNAL_SERVICES][0].contains("--dport 3001 -j DROP"));
-    let nat = &r.families[&IpFamily::V4].tables[&TableName::Nat];
+    let nat = &r.families[&IpFamily::V4].tables().tables[&TableName::Nat];
     assert!(!nat.contains_key("KUBE-SVL-XPGD46QRK7WJZT7O"));
     assert_eq!(
         nat["KUBE-EXT-XPGD46QRK7WJZT7O"].len(),
@@ -272,33 +277,44 @@ fn partial_sync_rewrites_only_the_changed_service() {
         .filter_map(|l| l.strip_prefix(':'))
         .map(|l| l.split(' ').next().unwrap())
         .collect();
-    // The service chain, the new endpoint's chain, and the old one's, to delete.
+    // The service chain, the new endpoint's chain, and the old one's, emptied.
     assert_eq!(declared.len(), 3, "{input}");
     assert!(declared.contains(&"KUBE-SVC-XPGD46QRK7WJZT7O"));
     assert!(!input.contains(":KUBE-SERVICES"), "{input}");
-    assert_eq!(input.lines().filter(|l| l.starts_with("-X ")).count(), 1);
-    assert_eq!(r.stats.chains_deleted, 1);
-    // The fake kernel now holds exactly what a full layout would.
-    let held: BTreeSet<String> = b.executor().families[&IpFamily::V4].tables["nat"]
-        .chains
-        .iter()
-        .filter(|c| owned(c))
-        .cloned()
-        .collect();
+    assert!(
+        !input.lines().any(|l| l.starts_with("-X ")),
+        "deletes wait for a full sync: {input}"
+    );
+    let owned_nat = |b: &IptablesBackend<FakeIptables>| -> BTreeSet<String> {
+        b.executor().families[&IpFamily::V4].tables["nat"]
+            .chains
+            .iter()
+            .filter(|c| owned(c))
+            .cloned()
+            .collect()
+    };
     let want: BTreeSet<String> = nat(&snapshot(&["10.180.0.1", "10.180.0.3"]))
         .keys()
         .cloned()
         .collect();
-    assert_eq!(held, want);
-    // IPv6 had nothing to change: no restore at all.
-    assert!(
-        b.executor()
-            .inputs
-            .iter()
-            .filter(|(f, _)| *f == IpFamily::V6)
-            .count()
-            == 1
-    );
+    let held = owned_nat(&b);
+    let extra: Vec<&String> = held.difference(&want).collect();
+    assert_eq!(extra.len(), 1, "only the emptied chain is extra: {extra:?}");
+    let empty_left = &b.executor().families[&IpFamily::V4].tables["nat"];
+    assert!(!empty_left.rules.iter().any(|(c, _)| c == extra[0]));
+    // The next full sync deletes it; the kernel then holds exactly the layout.
+    b.sync(&snapshot(&["10.180.0.1", "10.180.0.3"]), Scope::Full)
+        .unwrap();
+    assert_eq!(owned_nat(&b), want);
+    assert_eq!(r.stats.chains_deleted, 0);
+    // IPv6 had nothing to change in the partial sync: only the two full ones restored.
+    let v6 = b
+        .executor()
+        .inputs
+        .iter()
+        .filter(|(f, _)| *f == IpFamily::V6)
+        .count();
+    assert_eq!(v6, 2);
 }
 
 #[test]
@@ -331,8 +347,10 @@ fn drift_is_noticed_by_the_next_full_sync() {
         .unwrap()
         .tables
         .remove("nat");
+    assert!(b.canary_missing().unwrap(), "the canary tells");
     let r = b.sync(&s, Scope::Full).unwrap();
     assert!(r.drift);
+    assert!(!b.canary_missing().unwrap());
     assert!(b.executor().families[&IpFamily::V4].tables["nat"]
         .chains
         .contains("KUBE-SVC-XPGD46QRK7WJZT7O"));
@@ -362,15 +380,14 @@ fn cleanup_removes_ours_and_nothing_else() {
 fn localhost_node_ports_enable_route_localnet_and_the_martian_guard() {
     let mut s = snapshot(&["10.180.0.1"]);
     s.node.localhost_node_ports = true;
-    let r = render(&s);
-    let filter = &r.families[&IpFamily::V4].tables[&TableName::Filter];
+    let filter = &table(&s, IpFamily::V4, TableName::Filter);
     assert!(filter[KUBELET_FIREWALL][0].contains("-d 127.0.0.0/8 ! -s 127.0.0.0/8"));
-    let nat = &r.families[&IpFamily::V4].tables[&TableName::Nat];
+    let nat = &table(&s, IpFamily::V4, TableName::Nat);
     assert!(nat[SERVICES]
         .last()
         .unwrap()
         .ends_with("--dst-type LOCAL -j KUBE-NODEPORTS"));
-    let nat6 = &r.families[&IpFamily::V6].tables[&TableName::Nat];
+    let nat6 = &table(&s, IpFamily::V6, TableName::Nat);
     assert!(nat6[SERVICES].last().unwrap().contains("! -d ::1/128"));
     let mut b = IptablesBackend::new(FakeIptables::default());
     b.sync(&s, Scope::All).unwrap();
@@ -420,4 +437,35 @@ fn save_output_parses_and_garbage_does_not() {
     assert!(nat.jumps_to("PREROUTING", "KUBE-SERVICES"));
     let e = parse_save("-A X -j Y\n").unwrap_err().to_string();
     assert!(e.contains("line 1") && e.contains("outside a table"), "{e}");
+}
+
+#[test]
+fn rerendering_changed_services_equals_rendering_everything() {
+    let mut s = crate::synth::cluster(40, 3);
+    let mut previous = render(&s);
+    crate::synth::replace_endpoint(&mut s, 7, 1, 1);
+    // And one service goes away.
+    let gone = s
+        .services
+        .keys()
+        .find(|(n, _)| n.name == "svc-9")
+        .cloned()
+        .unwrap();
+    s.services.remove(&gone);
+    s.endpoints.remove(&gone.0);
+    let changed = BTreeSet::from([
+        ("bench".to_string(), "svc-7".to_string()),
+        ("bench".to_string(), "svc-9".to_string()),
+    ]);
+    let again = super::render::rerender(&s, &mut previous, Some(&changed));
+    let scratch = render(&s);
+    for family in IpFamily::ALL {
+        assert_eq!(
+            again.families[&family].tables(),
+            scratch.families[&family].tables(),
+            "{family}"
+        );
+    }
+    // What stays behind in `previous` is the old rules of the changed ports only.
+    assert_eq!(previous.families[&IpFamily::V4].ports.len(), 2);
 }

@@ -1,0 +1,179 @@
+//! iptables-mode sync benchmark on a real kernel, in a network namespace of its own, beside
+//! the nftables one (`sync_e2e`):
+//! (a) cold full sync of 10k services x 10 endpoints from manifests
+//!     (`switchyard sync --once --proxy-mode iptables`, wall time and peak RSS);
+//! (b) in process at 10k x 10 and 30k x 10: the cold sync, a full resync of the loaded
+//!     state (iptables-save + full restore, as every syncPeriod), and one-endpoint changes
+//!     (partial restores): p50/p99 over 100 of the iptables-restore call and of the whole sync.
+//!
+//! Run: `cargo bench --bench iptables_e2e` as root. SY_BENCH_SIZES=1000,3000 for a quick
+//! run; SY_BENCH_IPTABLES=legacy for iptables-legacy (default nft); SY_BENCH_FULL_RESYNC=0
+//! to skip the full resync.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use dataplane::backend::{Backend, Scope};
+use dataplane::iptables::exec::{IptablesCommand, IptablesError, IptablesExecutor, Variant};
+use dataplane::iptables::render::TableName;
+use dataplane::iptables::restore::Saved;
+use dataplane::iptables::IptablesBackend;
+use dataplane::model::IpFamily;
+use dataplane::synth;
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{manifests, ms, pct};
+
+/// Times each iptables-restore.
+struct Timed {
+    inner: IptablesCommand,
+    restores: Vec<Duration>,
+}
+
+impl IptablesExecutor for Timed {
+    fn save(&mut self, family: IpFamily) -> Result<Saved, IptablesError> {
+        self.inner.save(family)
+    }
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError> {
+        let t = Instant::now();
+        let r = self.inner.restore(family, input);
+        self.restores.push(t.elapsed());
+        r
+    }
+    fn enable_route_localnet(&mut self) -> Result<(), IptablesError> {
+        self.inner.enable_route_localnet()
+    }
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: TableName,
+        chain: &str,
+    ) -> Result<bool, IptablesError> {
+        self.inner.chain_exists(family, table, chain)
+    }
+}
+
+fn cleanup(variant: Variant) {
+    let _ = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["cleanup", "--proxy-mode", "iptables", "--iptables-backend"])
+        .arg(variant.as_str())
+        .output();
+}
+
+fn cold_from_manifests(services: usize, variant: Variant, out: &mut String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = dir.path().join("cluster.json");
+    std::fs::write(&m, manifests(services, 10)).expect("write manifests");
+    let cfg = dir.path().join("kp.yaml");
+    std::fs::write(
+        &cfg,
+        "kind: KubeProxyConfiguration\nmode: iptables\nhostnameOverride: bench-node\nclusterCIDR: 10.0.0.0/8\n",
+    )
+    .expect("write config");
+    let t = Instant::now();
+    let res = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args([
+            "sync",
+            "--once",
+            "--iptables-backend",
+            variant.as_str(),
+            "--config",
+        ])
+        .arg(&cfg)
+        .arg("--manifests")
+        .arg(&m)
+        .output()
+        .expect("run switchyard");
+    let wall = t.elapsed();
+    assert!(
+        res.status.success(),
+        "sync failed: {}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .expect("getrusage");
+    let _ = writeln!(
+        out,
+        "(a) iptables-{}: cold sync from manifests, {services} x 10: {} wall; peak RSS of the largest process (agent or iptables-restore) {:.1} MiB; agent said: {}",
+        variant.as_str(),
+        ms(wall),
+        usage.max_rss() as f64 / 1024.0,
+        String::from_utf8_lossy(&res.stdout).trim()
+    );
+    cleanup(variant);
+}
+
+fn in_process(services: usize, changes: usize, variant: Variant, out: &mut String) {
+    let mut snap = synth::cluster(services, 10);
+    let mut be = IptablesBackend::new(Timed {
+        inner: IptablesCommand::new(variant),
+        restores: Vec::new(),
+    });
+    let t = Instant::now();
+    be.sync(&snap, Scope::All).expect("cold sync");
+    let cold = t.elapsed();
+    // SY_BENCH_FULL_RESYNC=0 skips it: on iptables-nft it costs about as much as the cold sync.
+    let full = (std::env::var("SY_BENCH_FULL_RESYNC").as_deref() != Ok("0")).then(|| {
+        let t = Instant::now();
+        let r = be.sync(&snap, Scope::Full).expect("full resync");
+        assert!(!r.drift, "{}", r.summary());
+        t.elapsed()
+    });
+    let before = be.executor().restores.len();
+    let mut totals = Vec::new();
+    let mut seed: u64 = 0x5eed;
+    for k in 0..changes {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let i = (seed >> 33) as usize % services;
+        let j = (seed >> 20) as usize % 10;
+        synth::replace_endpoint(&mut snap, i, j, k as u32 + 1);
+        let changed = BTreeSet::from([("bench".to_string(), format!("svc-{i}"))]);
+        let t = Instant::now();
+        let r = be
+            .sync(&snap, Scope::Services(&changed))
+            .expect("partial sync");
+        totals.push(t.elapsed());
+        assert!(!r.full && r.stats.chains_written >= 2, "{}", r.summary());
+    }
+    let mut restores: Vec<Duration> = be.executor().restores[before..].to_vec();
+    let _ = writeln!(
+        out,
+        "(b) iptables-{} {services} x 10: cold sync {}; full resync {}; one-endpoint change over {changes}: iptables-restore p50 {} p99 {}; whole sync p50 {} p99 {}",
+        variant.as_str(),
+        ms(cold),
+        full.map_or("skipped".into(), ms),
+        ms(pct(&mut restores, 0.5)),
+        ms(pct(&mut restores, 0.99)),
+        ms(pct(&mut totals, 0.5)),
+        ms(pct(&mut totals, 0.99)),
+    );
+    cleanup(variant);
+}
+
+fn main() {
+    // `cargo bench` passes --bench; anything else (e.g. `cargo test --benches`) only checks it builds.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("iptables_e2e: run with `cargo bench --bench iptables_e2e`");
+        return;
+    }
+    let variant = std::env::var("SY_BENCH_IPTABLES")
+        .ok()
+        .and_then(|v| Variant::parse(&v))
+        .unwrap_or(Variant::Nft);
+    let Some(ns) = common::enter_netns("iptables_e2e") else {
+        return;
+    };
+    let sizes = common::sizes();
+    let mut out = String::new();
+    cold_from_manifests(sizes[0], variant, &mut out);
+    for &n in &sizes {
+        in_process(n, 100, variant, &mut out);
+    }
+    let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+    print!("{out}");
+}
