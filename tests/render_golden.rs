@@ -1,5 +1,6 @@
 //! Golden tests of `switchyard render`: small scenarios whose rendered transaction is kept as
-//! readable text in tests/golden/*.nft. `SWITCHYARD_UPDATE_GOLDEN=1` rewrites them.
+//! readable text in tests/golden/*.nft (nftables mode) and *.iptables (iptables-restore input
+//! in iptables mode). `SWITCHYARD_UPDATE_GOLDEN=1` rewrites them.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -10,7 +11,7 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
-fn render(name: &str) -> String {
+fn render(name: &str, mode: &str) -> String {
     let dir = golden_dir();
     let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .arg("render")
@@ -18,6 +19,7 @@ fn render(name: &str) -> String {
         .arg(dir.join(format!("{name}.config.yaml")))
         .arg("--manifests")
         .arg(dir.join(format!("{name}.yaml")))
+        .args(["--proxy-mode", mode])
         .output()
         .expect("run switchyard render");
     assert!(
@@ -29,8 +31,12 @@ fn render(name: &str) -> String {
 }
 
 fn check(name: &str) {
-    let got = render(name);
-    let path = golden_dir().join(format!("{name}.nft"));
+    check_mode(name, "nftables", "nft");
+}
+
+fn check_mode(name: &str, mode: &str, ext: &str) {
+    let got = render(name, mode);
+    let path = golden_dir().join(format!("{name}.{ext}"));
     if std::env::var_os("SWITCHYARD_UPDATE_GOLDEN").is_some() {
         std::fs::write(&path, &got).expect("write golden file");
         return;
@@ -56,7 +62,11 @@ fn check(name: &str) {
         );
     }
     // Same input, same bytes.
-    assert_eq!(render(name), got, "render of {name} is not deterministic");
+    assert_eq!(
+        render(name, mode),
+        got,
+        "render of {name} is not deterministic"
+    );
 }
 
 #[test]
@@ -72,4 +82,14 @@ fn golden_nodeport_lb() {
 #[test]
 fn golden_ipv6() {
     check("ipv6");
+}
+
+#[test]
+fn golden_nodeport_lb_iptables() {
+    check_mode("nodeport-lb", "iptables", "iptables");
+}
+
+#[test]
+fn golden_ipv6_iptables() {
+    check_mode("ipv6", "iptables", "iptables");
 }

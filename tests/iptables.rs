@@ -1,0 +1,172 @@
+//! iptables mode beside other tools, on a real kernel in a namespace, for iptables-nft and
+//! iptables-legacy: Docker-like chains and rules and a built-in chain's policy survive
+//! `switchyard sync` and `cleanup`; our jumps sit above theirs, once; a stale service chain
+//! left by an earlier run is deleted; cleanup removes every chain of ours and nothing else
+//! (but KUBE-FIREWALL, which kubelet shares).
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+#![allow(dead_code)]
+
+#[path = "rig/netns.rs"]
+mod netns;
+
+use std::path::Path;
+
+const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: { name: web, namespace: ns }
+spec: { clusterIP: 172.30.0.1, type: NodePort, ports: [{ name: http, port: 80, nodePort: 30080 }] }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: web-1, namespace: ns, labels: { kubernetes.io/service-name: web } }
+addressType: IPv4
+ports: [{ name: http, port: 8080 }]
+endpoints: [{ addresses: [10.0.0.1] }, { addresses: [10.0.0.2] }]
+"#;
+
+/// A namespace deleted on drop, even when the test fails.
+struct Ns(String);
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        netns::delete_namespace(&self.0);
+    }
+}
+
+impl Ns {
+    fn run(&self, program: &str, args: &[&str]) -> netns::CmdOutput {
+        let mut all = vec!["netns", "exec", &self.0, program];
+        all.extend_from_slice(args);
+        netns::run("ip", &all, None, netns::CMD_TIMEOUT)
+    }
+
+    fn must(&self, program: &str, args: &[&str]) -> String {
+        let out = self.run(program, args);
+        assert!(out.success(), "{}", out.transcript());
+        out.stdout
+    }
+
+    fn switchyard(&self, dir: &Path, variant: &str, args: &[&str]) -> String {
+        let cfg = dir.join("kube-proxy.yaml").to_string_lossy().to_string();
+        let manifests = dir.join("cluster.yaml").to_string_lossy().to_string();
+        let mut all: Vec<&str> = args.to_vec();
+        if args[0] != "cleanup" {
+            all.extend(["--config", &cfg, "--manifests", &manifests]);
+        }
+        all.extend(["--iptables-backend", variant]);
+        self.must(env!("CARGO_BIN_EXE_switchyard"), &all)
+    }
+}
+
+fn lines_of<'a>(save: &'a str, chain: &str) -> Vec<&'a str> {
+    let prefix = format!("-A {chain} ");
+    save.lines().filter(|l| l.starts_with(&prefix)).collect()
+}
+
+#[test]
+fn iptables_mode_coexists_with_other_tools_on_both_back_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cluster.yaml"), CLUSTER).unwrap();
+    std::fs::write(
+        dir.path().join("kube-proxy.yaml"),
+        "kind: KubeProxyConfiguration\nmode: iptables\nhostnameOverride: node-a\nclusterCIDR: 10.0.0.0/8\n",
+    )
+    .unwrap();
+    for variant in ["nft", "legacy"] {
+        let name = format!("{}ipt-{variant}", netns::unique_prefix());
+        if let Err(e) = netns::create_namespace(&name) {
+            assert!(
+                std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
+                "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
+            );
+            println!("SKIP: needs root and network namespaces: {e}");
+            return;
+        }
+        let ns = Ns(name);
+        let ipt = format!("iptables-{variant}");
+        let save = format!("iptables-{variant}-save");
+        // Another tool's state: Docker's chains and jumps, a FORWARD policy of DROP, and a
+        // service chain an earlier kube-proxy left behind.
+        for args in [
+            "-P FORWARD DROP",
+            "-N DOCKER",
+            "-A DOCKER -d 172.17.0.2/32 -p tcp --dport 80 -j ACCEPT",
+            "-A FORWARD -j DOCKER",
+            "-t nat -N DOCKER",
+            "-t nat -A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER",
+            "-t nat -A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE",
+            "-t nat -N KUBE-SEP-LEFTOVERLEFTOVER",
+            "-t nat -A KUBE-SEP-LEFTOVERLEFTOVER -p tcp -j DNAT --to-destination 10.9.9.9:80",
+        ] {
+            ns.must(&ipt, &args.split(' ').collect::<Vec<_>>());
+        }
+        let foreign = |s: &str| {
+            for want in [
+                ":FORWARD DROP",
+                "-A DOCKER -d 172.17.0.2/32 -p tcp -m tcp --dport 80 -j ACCEPT",
+                "-A FORWARD -j DOCKER",
+                "-A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER",
+                "-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE",
+            ] {
+                assert!(s.contains(want), "{variant}: {want:?} is gone:\n{s}");
+            }
+        };
+
+        // Two syncs, each a new process and so a full one: jumps added once.
+        ns.switchyard(dir.path(), variant, &["sync", "--once"]);
+        ns.switchyard(dir.path(), variant, &["sync", "--once"]);
+        let s = ns.must(&save, &[]);
+        foreign(&s);
+        assert!(!s.contains("LEFTOVER"), "{variant}: stale chain kept:\n{s}");
+        assert!(
+            s.contains("--to-destination 10.0.0.1:8080") && s.contains("--dport 30080"),
+            "{variant}: our rules are missing:\n{s}"
+        );
+        let forward: Vec<&str> = lines_of(&s, "FORWARD");
+        assert_eq!(
+            forward
+                .iter()
+                .filter(|l| l.ends_with("-j KUBE-SERVICES"))
+                .count(),
+            1,
+            "{variant}: {forward:#?}"
+        );
+        assert_eq!(
+            forward.last().copied(),
+            Some("-A FORWARD -j DOCKER"),
+            "{variant}: ours go above the others: {forward:#?}"
+        );
+        let prerouting = lines_of(&s, "PREROUTING");
+        assert!(
+            prerouting[0].ends_with("-j KUBE-SERVICES") && prerouting.len() == 2,
+            "{variant}: {prerouting:#?}"
+        );
+
+        // The back end not chosen holds nothing of ours.
+        let other = if variant == "nft" { "legacy" } else { "nft" };
+        let other_save = ns.run(&format!("iptables-{other}-save"), &[]);
+        assert!(
+            !other_save.stdout.contains("KUBE-"),
+            "{variant}: rules leaked into iptables-{other}:\n{}",
+            other_save.stdout
+        );
+
+        let out = ns.switchyard(
+            dir.path(),
+            variant,
+            &["cleanup", "--proxy-mode", "iptables"],
+        );
+        assert!(out.contains("iptables chains"), "{out}");
+        let s = ns.must(&save, &[]);
+        foreign(&s);
+        // KUBE-FIREWALL (the guard for NodePorts on localhost) is kubelet's too, which
+        // writes the same rule: it stays.
+        let ours: Vec<&str> = s
+            .lines()
+            .filter(|l| l.contains("KUBE-") && !l.contains("KUBE-FIREWALL"))
+            .collect();
+        assert!(ours.is_empty(), "{variant}: cleanup left ours: {ours:#?}");
+    }
+}
