@@ -8,7 +8,8 @@
 //!
 //! Run: `cargo bench --bench iptables_e2e` as root. SY_BENCH_SIZES=1000,3000 for a quick
 //! run; SY_BENCH_IPTABLES=legacy for iptables-legacy (default nft); SY_BENCH_FULL_RESYNC=0
-//! to skip the full resync.
+//! skips the full resync and SY_BENCH_COLD=0 the sync from manifests. Each measurement gets
+//! a fresh namespace; lines print as they finish.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -20,7 +21,6 @@ use dataplane::iptables::IptablesBackend;
 use dataplane::model::IpFamily;
 use dataplane::synth;
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -56,14 +56,16 @@ impl IptablesExecutor for Timed {
     }
 }
 
-fn cleanup(variant: Variant) {
-    let _ = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["cleanup", "--proxy-mode", "iptables", "--iptables-backend"])
-        .arg(variant.as_str())
-        .output();
+/// A fresh namespace for the next measurement: removing 110k chains through iptables-nft
+/// takes as long as loading them.
+fn fresh_netns(ns: &mut Option<String>) {
+    if let Some(old) = ns.take() {
+        let _ = Command::new("ip").args(["netns", "del", &old]).status();
+    }
+    *ns = common::enter_netns("iptables_e2e");
 }
 
-fn cold_from_manifests(services: usize, variant: Variant, out: &mut String) {
+fn cold_from_manifests(services: usize, variant: Variant) {
     let dir = tempfile::tempdir().expect("tempdir");
     let m = dir.path().join("cluster.json");
     std::fs::write(&m, manifests(services, 10)).expect("write manifests");
@@ -95,18 +97,16 @@ fn cold_from_manifests(services: usize, variant: Variant, out: &mut String) {
     );
     let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
         .expect("getrusage");
-    let _ = writeln!(
-        out,
+    println!(
         "(a) iptables-{}: cold sync from manifests, {services} x 10: {} wall; peak RSS of the largest process (agent or iptables-restore) {:.1} MiB; agent said: {}",
         variant.as_str(),
         ms(wall),
         usage.max_rss() as f64 / 1024.0,
         String::from_utf8_lossy(&res.stdout).trim()
     );
-    cleanup(variant);
 }
 
-fn in_process(services: usize, changes: usize, variant: Variant, out: &mut String) {
+fn in_process(services: usize, changes: usize, variant: Variant) {
     let mut snap = synth::cluster(services, 10);
     let mut be = IptablesBackend::new(Timed {
         inner: IptablesCommand::new(variant),
@@ -141,8 +141,7 @@ fn in_process(services: usize, changes: usize, variant: Variant, out: &mut Strin
         assert!(!r.full && r.stats.chains_written >= 2, "{}", r.summary());
     }
     let mut restores: Vec<Duration> = be.executor().restores[before..].to_vec();
-    let _ = writeln!(
-        out,
+    println!(
         "(b) iptables-{} {services} x 10: cold sync {}; full resync {}; one-endpoint change over {changes}: iptables-restore p50 {} p99 {}; whole sync p50 {} p99 {}",
         variant.as_str(),
         ms(cold),
@@ -152,7 +151,6 @@ fn in_process(services: usize, changes: usize, variant: Variant, out: &mut Strin
         ms(pct(&mut totals, 0.5)),
         ms(pct(&mut totals, 0.99)),
     );
-    cleanup(variant);
 }
 
 fn main() {
@@ -165,15 +163,22 @@ fn main() {
         .ok()
         .and_then(|v| Variant::parse(&v))
         .unwrap_or(Variant::Nft);
-    let Some(ns) = common::enter_netns("iptables_e2e") else {
+    let mut ns = None;
+    fresh_netns(&mut ns);
+    if ns.is_none() {
         return;
-    };
-    let sizes = common::sizes();
-    let mut out = String::new();
-    cold_from_manifests(sizes[0], variant, &mut out);
-    for &n in &sizes {
-        in_process(n, 100, variant, &mut out);
     }
-    let _ = Command::new("ip").args(["netns", "del", &ns]).status();
-    print!("{out}");
+    let sizes = common::sizes();
+    // SY_BENCH_COLD=0 skips (a): the in-process cold sync of (b) measures the same restore.
+    if std::env::var("SY_BENCH_COLD").as_deref() != Ok("0") {
+        cold_from_manifests(sizes[0], variant);
+        fresh_netns(&mut ns);
+    }
+    for &n in &sizes {
+        in_process(n, 100, variant);
+        fresh_netns(&mut ns);
+    }
+    if let Some(ns) = ns {
+        let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+    }
 }
