@@ -8,7 +8,8 @@
 //!
 //! Run: `cargo bench --bench iptables_e2e` as root. SY_BENCH_SIZES=1000,3000 for a quick
 //! run; SY_BENCH_IPTABLES=legacy for iptables-legacy (default nft); SY_BENCH_FULL_RESYNC=0
-//! skips the full resync and SY_BENCH_COLD=0 the sync from manifests. Each measurement gets
+//! skips the full resync, SY_BENCH_COLD=0 the sync from manifests; SY_BENCH_CHANGES (100)
+//! sets how many one-endpoint changes are timed. Each measurement gets
 //! a fresh namespace; lines print as they finish.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -174,8 +175,12 @@ fn main() {
         cold_from_manifests(sizes[0], variant);
         fresh_netns(&mut ns);
     }
+    let changes = std::env::var("SY_BENCH_CHANGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
     for &n in &sizes {
-        in_process(n, 100, variant);
+        in_process(n, changes, variant);
         fresh_netns(&mut ns);
     }
     if let Some(ns) = ns {

@@ -122,11 +122,22 @@ fn run(
         .stderr(Stdio::piped())
         .spawn()
         .map_err(spawn_err)?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        // A write error means the command exited early; its stderr says why.
-        let _ = pipe.write_all(text.as_bytes());
-    }
+    // Written from another thread: a restore that warns on stderr for every rule while it
+    // reads would otherwise block on a full pipe as we block on its stdin.
+    let writer = match (stdin, child.stdin.take()) {
+        (Some(text), Some(mut pipe)) => {
+            let text = text.to_string();
+            // A write error means the command exited early; its stderr says why.
+            Some(std::thread::spawn(move || {
+                let _ = pipe.write_all(text.as_bytes());
+            }))
+        }
+        _ => None,
+    };
     let out = child.wait_with_output().map_err(spawn_err)?;
+    if let Some(w) = writer {
+        let _ = w.join();
+    }
     Ok((
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -315,6 +326,8 @@ pub struct FakeIptables {
     pub route_localnet: bool,
     /// Reject the next restore with this message.
     pub fail_next: Option<String>,
+    /// Every save and restore of IPv6 fails, as on a node with IPv6 disabled.
+    pub fail_v6: bool,
 }
 
 impl FakeIptables {
@@ -390,11 +403,17 @@ impl FakeIptables {
 impl IptablesExecutor for FakeIptables {
     fn save(&mut self, family: IpFamily) -> Result<Saved, IptablesError> {
         self.saves += 1;
+        if self.fail_v6 && family == IpFamily::V6 {
+            return Err(IptablesError::Fake("ip6tables: IPv6 is disabled".into()));
+        }
         Ok(self.families.get(&family).cloned().unwrap_or_default())
     }
 
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError> {
         self.inputs.push((family, input.to_string()));
+        if self.fail_v6 && family == IpFamily::V6 {
+            return Err(IptablesError::Fake("ip6tables: IPv6 is disabled".into()));
+        }
         if let Some(msg) = self.fail_next.take() {
             return Err(IptablesError::Fake(msg));
         }

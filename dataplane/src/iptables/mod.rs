@@ -23,8 +23,6 @@ pub struct IptablesBackend<E: IptablesExecutor> {
     /// What the last successful restores left in our chains, per family, as the layout
     /// that produced it; a family missing here is synced in full, against the kernel.
     applied: Rendered,
-    /// Chains partial syncs emptied but left in place, per family; full syncs delete them.
-    retired: BTreeMap<IpFamily, BTreeSet<String>>,
 }
 
 impl<E: IptablesExecutor> IptablesBackend<E> {
@@ -32,7 +30,6 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         IptablesBackend {
             exec,
             applied: Rendered::default(),
-            retired: BTreeMap::new(),
         }
     }
 
@@ -101,9 +98,10 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
     ) -> Result<(RestoreStats, bool), IptablesError> {
         let (input, stats, drift) = match previous {
             Some((layout, changed)) => {
-                let (input, stats, retired) =
+                // Emptied chains stay until the next full sync deletes them with the other
+                // stale chains it finds.
+                let (input, stats, _emptied) =
                     restore::sync_input(desired, Base::Previous { layout, changed }, jumps);
-                self.retired.entry(family).or_default().extend(retired);
                 (input, stats, false)
             }
             None => {
@@ -124,14 +122,6 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         };
         if !input.is_empty() {
             self.exec.restore(family, &input)?;
-        }
-        if previous.is_none() {
-            // The full restore deleted every stale chain the kernel held.
-            self.retired.remove(&family);
-        } else if let Some(retired) = self.retired.get_mut(&family) {
-            for (_, c, _) in desired.chains() {
-                retired.remove(c);
-            }
         }
         Ok((stats, drift))
     }
@@ -181,6 +171,14 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
                     self.applied.families.insert(family, desired);
                     self.applied.jumps.insert(family, jumps);
                 }
+                // A family with no services may simply be unusable here (IPv6 disabled, no
+                // ip6tables): a warning, not a failed sync; with nothing to program, it
+                // counts as programmed until a service of that family appears.
+                Err(e) if desired.ports.is_empty() => {
+                    tracing::warn!("{family} has no services, and programming it failed: {e}");
+                    self.applied.families.insert(family, desired);
+                    self.applied.jumps.insert(family, jumps);
+                }
                 // The family stays out of `applied`: its next sync is full.
                 Err(e) => failure = failure.or(Some(e)),
             }
@@ -209,7 +207,6 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
     /// chains went away.
     fn cleanup(&mut self) -> Result<usize, BackendError> {
         self.applied = Rendered::default();
-        self.retired.clear();
         let mut removed = 0;
         for family in IpFamily::ALL {
             let saved = self.exec.save(family)?;

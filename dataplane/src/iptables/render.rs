@@ -485,7 +485,7 @@ impl PortRenderer<'_> {
             ));
         }
 
-        if uses_cluster {
+        if has_internal {
             let masq = if self.node.masquerade_all {
                 Some(String::new())
             } else {
@@ -494,9 +494,10 @@ impl PortRenderer<'_> {
                     .map(|(_, not_local)| format!(" {not_local}"))
             };
             if let Some(m) = masq {
-                // Off-cluster traffic to the cluster IP may bounce to another node.
+                // Off-cluster traffic to the cluster IP may bounce to another node. First
+                // in the chain ClusterIP traffic takes (KUBE-SVL under ITP Local).
                 out.chains
-                    .entry(svc_chain.clone())
+                    .entry(internal_chain.clone())
                     .or_default()
                     .push(format!(
                         "{} {}{m} -j {MARK_MASQ}",
@@ -504,6 +505,8 @@ impl PortRenderer<'_> {
                         dst(svc.cluster_ip)
                     ));
             }
+        }
+        if uses_cluster {
             Self::balance(&mut out, svc, &spn, &svc_chain, &cluster);
             for (ep, sep) in &cluster {
                 Self::endpoint(&mut out, svc, &spn, ep, sep);
@@ -547,7 +550,7 @@ impl PortRenderer<'_> {
             out.chains.insert(ext_chain, rules);
         }
         if uses_local {
-            out.chains.insert(svl_chain.clone(), Vec::new());
+            out.chains.entry(svl_chain.clone()).or_default();
             Self::balance(&mut out, svc, &spn, &svl_chain, &local);
             for (ep, sep) in &local {
                 Self::endpoint(&mut out, svc, &spn, ep, sep);
@@ -659,7 +662,12 @@ fn nodeport_tail(node: &NodeConfig, family: IpFamily) -> Vec<String> {
             if let Some(l) = loopback {
                 // A rule takes one -d, so loopback is excluded by returning first.
                 let net: Option<IpNetwork> = l.parse().ok();
-                if net.is_some_and(|n| cidrs.iter().any(|c| c.contains(n.ip()))) {
+                let overlaps = |n: IpNetwork| {
+                    cidrs
+                        .iter()
+                        .any(|c| c.contains(n.network()) || n.contains(c.network()))
+                };
+                if net.is_some_and(overlaps) {
                     out.push(format!("{c} -d {l} -j RETURN"));
                 }
             }

@@ -337,9 +337,12 @@ fn stale(chain: &str) -> bool {
         .any(|p| chain.starts_with(p))
 }
 
-/// Restore input that removes every chain of ours from a family, and the rules in other
-/// chains that jump to them; nothing else. Empty when there is nothing of ours.
+/// Restore input that removes every chain of ours from a family and our jumps to them from
+/// the built-in chains; nothing else. A chain of ours that another tool's chain still jumps
+/// to is emptied but kept, since deleting it would mean editing that tool's rules. Empty
+/// when there is nothing of ours.
 pub fn cleanup_input(saved: &Saved) -> (String, RestoreStats) {
+    const BUILTIN: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
     let mut out = String::new();
     let mut stats = RestoreStats::default();
     for table in TableName::ALL {
@@ -352,17 +355,30 @@ pub fn cleanup_input(saved: &Saved) -> (String, RestoreStats) {
             .map(String::as_str)
             .filter(|c| names::owned(c))
             .collect();
-        let remove = held
+        let jumps_to_ours = |(chain, rule): &&(String, String)| {
+            !ours.contains(chain.as_str()) && rule_target(rule).is_some_and(|t| ours.contains(t))
+        };
+        let remove: Vec<(String, String)> = held
             .rules
             .iter()
-            .filter(|(chain, rule)| {
-                !ours.contains(chain.as_str())
-                    && rule_target(rule).is_some_and(|t| ours.contains(t))
-            })
+            .filter(jumps_to_ours)
+            .filter(|(chain, _)| BUILTIN.contains(&chain.as_str()))
             .cloned()
             .collect();
+        let kept: BTreeSet<&str> = held
+            .rules
+            .iter()
+            .filter(jumps_to_ours)
+            .filter(|(chain, _)| !BUILTIN.contains(&chain.as_str()))
+            .filter_map(|(_, rule)| rule_target(rule))
+            .collect();
         let plan = TablePlan {
-            delete: ours.iter().map(|c| c.to_string()).collect(),
+            delete: ours
+                .iter()
+                .filter(|c| !kept.contains(*c))
+                .map(|c| c.to_string())
+                .collect(),
+            flush: kept.iter().map(|c| c.to_string()).collect(),
             remove,
             ..TablePlan::default()
         };

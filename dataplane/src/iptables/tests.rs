@@ -148,7 +148,15 @@ fn local_policies_use_local_chains_and_short_circuit() {
     let nat = nat(&s);
     assert!(nat[SERVICES][0].ends_with("-j KUBE-SVL-XPGD46QRK7WJZT7O"));
     let svl = &nat["KUBE-SVL-XPGD46QRK7WJZT7O"];
-    assert_eq!(svl.len(), 1, "only the local endpoint: {svl:?}");
+    assert!(
+        svl[0].ends_with("! -s 10.0.0.0/8 -j KUBE-MARK-MASQ"),
+        "ClusterIP masquerade goes first in the chain ClusterIP traffic takes: {svl:?}"
+    );
+    assert_eq!(svl.len(), 2, "then only the local endpoint: {svl:?}");
+    assert!(
+        !nat["KUBE-SVC-XPGD46QRK7WJZT7O"][0].contains("KUBE-MARK-MASQ"),
+        "no ClusterIP masquerade where ClusterIP traffic does not go"
+    );
     let ext = &nat["KUBE-EXT-XPGD46QRK7WJZT7O"];
     assert!(
         ext[0].contains("-s 10.0.0.0/8 -j KUBE-SVC-XPGD46QRK7WJZT7O"),
@@ -468,4 +476,73 @@ fn rerendering_changed_services_equals_rendering_everything() {
     }
     // What stays behind in `previous` is the old rules of the changed ports only.
     assert_eq!(previous.families[&IpFamily::V4].ports.len(), 2);
+}
+
+#[test]
+fn an_endpoint_change_writes_one_service_chain_and_one_endpoint_chain() {
+    let mut s = crate::synth::cluster(30, 10);
+    let mut b = IptablesBackend::new(FakeIptables::default());
+    b.sync(&s, Scope::All).unwrap();
+    crate::synth::replace_endpoint(&mut s, 7, 3, 1);
+    let changed = BTreeSet::from([("bench".to_string(), "svc-7".to_string())]);
+    b.sync(&s, Scope::Services(&changed)).unwrap();
+    let (_, input) = b.executor().inputs.last().unwrap().clone();
+    let declared: Vec<&str> = input.lines().filter_map(|l| l.strip_prefix(':')).collect();
+    assert_eq!(declared.len(), 3, "{input}");
+    assert_eq!(
+        input.lines().filter(|l| l.starts_with("-A ")).count(),
+        11 + 2,
+        "the service chain's 11 rules and the new endpoint's 2: {input}"
+    );
+}
+
+#[test]
+fn cleanup_keeps_a_chain_another_tool_still_jumps_to() {
+    let mut fake = foreign();
+    let nat = fake
+        .families
+        .get_mut(&IpFamily::V4)
+        .unwrap()
+        .tables
+        .get_mut("nat")
+        .unwrap();
+    nat.chains.insert("CALICO-NAT".into());
+    let mut b = IptablesBackend::new(fake);
+    b.sync(&snapshot(&["10.180.0.1"]), Scope::Full).unwrap();
+    b.exec
+        .families
+        .get_mut(&IpFamily::V4)
+        .unwrap()
+        .tables
+        .get_mut("nat")
+        .unwrap()
+        .rules
+        .push(("CALICO-NAT".into(), format!("-j {MARK_MASQ}")));
+    b.cleanup().unwrap();
+    let nat = &b.executor().families[&IpFamily::V4].tables["nat"];
+    assert!(nat
+        .rules
+        .contains(&("CALICO-NAT".to_string(), format!("-j {MARK_MASQ}"))));
+    assert!(
+        nat.chains.contains(MARK_MASQ),
+        "kept for the rule that jumps to it"
+    );
+    assert!(
+        !nat.rules.iter().any(|(c, _)| c == MARK_MASQ),
+        "but emptied"
+    );
+    assert!(!nat.chains.contains(SERVICES));
+}
+
+#[test]
+fn a_family_without_services_that_cannot_be_programmed_does_not_fail_the_sync() {
+    let mut b = IptablesBackend::new(FakeIptables::default());
+    b.exec.fail_v6 = true;
+    let r = b.sync(&snapshot(&["10.180.0.1"]), Scope::All);
+    assert!(r.is_ok(), "{r:?}");
+    let changed = BTreeSet::from([("ns1".to_string(), "svc1".to_string())]);
+    let r = b
+        .sync(&snapshot(&["10.180.0.2"]), Scope::Services(&changed))
+        .unwrap();
+    assert!(!r.full, "the IPv4 family stays partial: {}", r.summary());
 }
