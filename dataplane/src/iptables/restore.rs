@@ -252,12 +252,24 @@ pub fn sync_input(
                 let plan = plans.entry(table).or_default();
                 if let Some(held) = held {
                     let want = wanted.get(&table);
-                    plan.delete = held
-                        .chains
+                    // A stale chain another tool's rule jumps to cannot be deleted without
+                    // editing that rule: it is emptied instead, and the restore still applies.
+                    let foreign_targets: BTreeSet<&str> = held
+                        .rules
                         .iter()
-                        .filter(|c| stale(c) && !want.is_some_and(|w| w.contains(c.as_str())))
-                        .cloned()
+                        .filter(|(c, _)| !names::owned(c))
+                        .filter_map(|(_, r)| rule_target(r))
                         .collect();
+                    for c in held.chains.iter() {
+                        if !stale(c) || want.is_some_and(|w| w.contains(c.as_str())) {
+                            continue;
+                        }
+                        if foreign_targets.contains(c.as_str()) {
+                            plan.flush.push(c.clone());
+                        } else {
+                            plan.delete.push(c.clone());
+                        }
+                    }
                 }
                 plan.insert = jumps
                     .iter()

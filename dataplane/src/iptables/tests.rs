@@ -546,3 +546,24 @@ fn a_family_without_services_that_cannot_be_programmed_does_not_fail_the_sync() 
         .unwrap();
     assert!(!r.full, "the IPv4 family stays partial: {}", r.summary());
 }
+
+#[test]
+fn a_stale_chain_another_tool_jumps_to_is_emptied_not_deleted() {
+    let mut fake = foreign();
+    fake.families
+        .get_mut(&IpFamily::V4)
+        .unwrap()
+        .tables
+        .get_mut("nat")
+        .unwrap()
+        .rules
+        .push(("PREROUTING".into(), "-j KUBE-SEP-STALESTALESTALE1".into()));
+    let mut b = IptablesBackend::new(fake);
+    b.sync(&snapshot(&["10.180.0.1"]), Scope::Full).unwrap();
+    let nat = &b.executor().families[&IpFamily::V4].tables["nat"];
+    assert!(nat.chains.contains("KUBE-SEP-STALESTALESTALE1"));
+    assert!(!nat
+        .rules
+        .iter()
+        .any(|(c, _)| c == "KUBE-SEP-STALESTALESTALE1"));
+}
