@@ -21,7 +21,6 @@ use dataplane::iptables::restore::Saved;
 use dataplane::iptables::IptablesBackend;
 use dataplane::model::IpFamily;
 use dataplane::synth;
-use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -124,23 +123,12 @@ fn in_process(services: usize, changes: usize, variant: Variant) {
         t.elapsed()
     });
     let before = be.executor().restores.len();
-    let mut totals = Vec::new();
-    let mut seed: u64 = 0x5eed;
-    for k in 0..changes {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let i = (seed >> 33) as usize % services;
-        let j = (seed >> 20) as usize % 10;
-        synth::replace_endpoint(&mut snap, i, j, k as u32 + 1);
-        let changed = BTreeSet::from([("bench".to_string(), format!("svc-{i}"))]);
-        let t = Instant::now();
+    let mut totals = common::endpoint_changes(&mut snap, services, changes, |snap, changed| {
         let r = be
-            .sync(&snap, Scope::Services(&changed))
+            .sync(snap, Scope::Services(changed))
             .expect("partial sync");
-        totals.push(t.elapsed());
         assert!(!r.full && r.stats.chains_written >= 2, "{}", r.summary());
-    }
+    });
     let mut restores: Vec<Duration> = be.executor().restores[before..].to_vec();
     println!(
         "(b) iptables-{} {services} x 10: cold sync {}; full resync {}; one-endpoint change over {changes}: iptables-restore p50 {} p99 {}; whole sync p50 {} p99 {}",

@@ -14,7 +14,6 @@ use dataplane::nft::state::Ruleset;
 use dataplane::nft::transaction::Transaction;
 use dataplane::nft::NftBackend;
 use dataplane::synth;
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -87,23 +86,12 @@ fn one_change(services: usize, changes: usize, out: &mut String) {
     let t = Instant::now();
     be.sync(&snap, Scope::All).expect("cold sync");
     let cold = t.elapsed();
-    let mut totals = Vec::new();
-    let mut seed: u64 = 0x5eed;
-    for k in 0..changes {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let i = (seed >> 33) as usize % services;
-        let j = (seed >> 20) as usize % 10;
-        synth::replace_endpoint(&mut snap, i, j, k as u32 + 1);
-        let changed = BTreeSet::from([("bench".to_string(), format!("svc-{i}"))]);
-        let t = Instant::now();
+    let mut totals = common::endpoint_changes(&mut snap, services, changes, |snap, changed| {
         let r = be
-            .sync(&snap, Scope::Services(&changed))
+            .sync(snap, Scope::Services(changed))
             .expect("incremental sync");
-        totals.push(t.elapsed());
         assert!(r.stats.elements_added >= 1, "{}", r.summary());
-    }
+    });
     let mut applies: Vec<Duration> = be.executor().applies[1..].to_vec();
     let _ = writeln!(
         out,

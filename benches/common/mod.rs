@@ -73,3 +73,29 @@ pub fn sizes() -> Vec<usize> {
         .filter_map(|s| s.trim().parse().ok())
         .collect()
 }
+
+/// Replaces one endpoint of a pseudo-random service `changes` times (the same sequence in
+/// every benchmark), syncing each change with `sync` (the snapshot and the changed
+/// service); returns how long each sync took.
+pub fn endpoint_changes(
+    snap: &mut dataplane::model::Snapshot,
+    services: usize,
+    changes: usize,
+    mut sync: impl FnMut(&dataplane::model::Snapshot, &std::collections::BTreeSet<(String, String)>),
+) -> Vec<Duration> {
+    let mut totals = Vec::with_capacity(changes);
+    let mut seed: u64 = 0x5eed;
+    for k in 0..changes {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let i = (seed >> 33) as usize % services;
+        let j = (seed >> 20) as usize % 10;
+        synth::replace_endpoint(snap, i, j, k as u32 + 1);
+        let changed = std::collections::BTreeSet::from([("bench".to_string(), format!("svc-{i}"))]);
+        let t = std::time::Instant::now();
+        sync(snap, &changed);
+        totals.push(t.elapsed());
+    }
+    totals
+}

@@ -8,5 +8,6 @@ pub mod backend;
 pub mod iptables;
 pub mod model;
 pub mod nft;
+pub mod process;
 pub mod selection;
 pub mod synth;

@@ -5,8 +5,6 @@
 use super::render::TableName;
 use super::restore::{parse_save, SaveParseError, Saved};
 use crate::model::IpFamily;
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 /// What can go wrong talking to iptables.
 #[derive(Debug, thiserror::Error)]
@@ -107,42 +105,11 @@ fn run(
     args: &[&str],
     stdin: Option<&str>,
 ) -> Result<(bool, String, String), IptablesError> {
-    let spawn_err = |source| IptablesError::Spawn {
+    let out = crate::process::run(prog, args, stdin).map_err(|source| IptablesError::Spawn {
         program: prog.to_string(),
         source,
-    };
-    let mut child = Command::new(prog)
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(spawn_err)?;
-    // Written from another thread: a restore that warns on stderr for every rule while it
-    // reads would otherwise block on a full pipe as we block on its stdin.
-    let writer = match (stdin, child.stdin.take()) {
-        (Some(text), Some(mut pipe)) => {
-            let text = text.to_string();
-            // A write error means the command exited early; its stderr says why.
-            Some(std::thread::spawn(move || {
-                let _ = pipe.write_all(text.as_bytes());
-            }))
-        }
-        _ => None,
-    };
-    let out = child.wait_with_output().map_err(spawn_err)?;
-    if let Some(w) = writer {
-        let _ = w.join();
-    }
-    Ok((
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).trim().to_string(),
-    ))
+    })?;
+    Ok((out.success, out.stdout, out.stderr))
 }
 
 /// The input line iptables-restore names in "line N failed".

@@ -291,13 +291,7 @@ impl PortRenderer<'_> {
     }
 
     /// The rules from `chain` to `endpoints`, each with an equal share.
-    fn balance(
-        out: &mut PortRules,
-        svc: &ServicePort,
-        spn: &str,
-        chain: &str,
-        endpoints: &[(&Endpoint, String)],
-    ) {
+    fn balance(out: &mut PortRules, spn: &str, chain: &str, endpoints: &[(&Endpoint, String)]) {
         let n = endpoints.len();
         let rules = out.chains.entry(chain.to_string()).or_default();
         for (i, (ep, sep)) in endpoints.iter().enumerate() {
@@ -315,7 +309,6 @@ impl PortRenderer<'_> {
             let _ = write!(rule, " -j {sep}");
             rules.push(rule);
         }
-        let _ = svc;
     }
 
     fn endpoint(out: &mut PortRules, svc: &ServicePort, spn: &str, ep: &Endpoint, chain: &str) {
@@ -507,7 +500,7 @@ impl PortRenderer<'_> {
             }
         }
         if uses_cluster {
-            Self::balance(&mut out, svc, &spn, &svc_chain, &cluster);
+            Self::balance(&mut out, &spn, &svc_chain, &cluster);
             for (ep, sep) in &cluster {
                 Self::endpoint(&mut out, svc, &spn, ep, sep);
             }
@@ -551,7 +544,7 @@ impl PortRenderer<'_> {
         }
         if uses_local {
             out.chains.entry(svl_chain.clone()).or_default();
-            Self::balance(&mut out, svc, &spn, &svl_chain, &local);
+            Self::balance(&mut out, &spn, &svl_chain, &local);
             for (ep, sep) in &local {
                 Self::endpoint(&mut out, svc, &spn, ep, sep);
             }

@@ -5,8 +5,6 @@ use super::netlink::{NetlinkError, Reader};
 use super::state::{family_name, Ruleset, TABLE};
 use super::transaction::{apply, Transaction};
 use crate::model::IpFamily;
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 /// What can go wrong talking to nft.
 #[derive(Debug, thiserror::Error)]
@@ -73,31 +71,12 @@ impl Default for NftCommand {
 
 impl NftCommand {
     fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<(bool, String, String), NftError> {
-        let spawn_err = |source| NftError::Spawn {
-            program: self.program.clone(),
-            source,
-        };
-        let mut child = Command::new(&self.program)
-            .args(args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(spawn_err)?;
-        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            // A write error means nft exited early; its stderr says why.
-            let _ = pipe.write_all(text.as_bytes());
-        }
-        let out = child.wait_with_output().map_err(spawn_err)?;
-        Ok((
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        ))
+        let out =
+            crate::process::run(&self.program, args, stdin).map_err(|source| NftError::Spawn {
+                program: self.program.clone(),
+                source,
+            })?;
+        Ok((out.success, out.stdout, out.stderr))
     }
 }
 
