@@ -49,9 +49,14 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
     }
 
     /// Whether a canary chain the last syncs wrote is gone from any table: someone
-    /// flushed or deleted our chains, and only a full sync brings them back.
+    /// flushed or deleted our chains, and only a full sync brings them back. Families
+    /// without services are not probed (the periodic full sync covers them): on a node
+    /// without IPv6 the probe would only fail.
     pub fn canary_missing(&mut self) -> Result<bool, IptablesError> {
         for (family, layout) in &self.applied.families {
+            if layout.ports.is_empty() {
+                continue;
+            }
             for (table, chains) in &layout.fixed.tables {
                 if chains.contains_key(names::CANARY)
                     && !self.exec.chain_exists(*family, *table, names::CANARY)?
