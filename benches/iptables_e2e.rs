@@ -25,7 +25,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{manifests, ms, pct};
+use common::{ms, pct};
 
 /// Times each iptables-restore.
 struct Timed {
@@ -66,43 +66,17 @@ fn fresh_netns(ns: &mut Option<String>) {
 }
 
 fn cold_from_manifests(services: usize, variant: Variant) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let m = dir.path().join("cluster.json");
-    std::fs::write(&m, manifests(services, 10)).expect("write manifests");
-    let cfg = dir.path().join("kp.yaml");
-    std::fs::write(
-        &cfg,
+    let c = common::cold_sync_from_manifests(
+        services,
         "kind: KubeProxyConfiguration\nmode: iptables\nhostnameOverride: bench-node\nclusterCIDR: 10.0.0.0/8\n",
-    )
-    .expect("write config");
-    let t = Instant::now();
-    let res = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args([
-            "sync",
-            "--once",
-            "--iptables-backend",
-            variant.as_str(),
-            "--config",
-        ])
-        .arg(&cfg)
-        .arg("--manifests")
-        .arg(&m)
-        .output()
-        .expect("run switchyard");
-    let wall = t.elapsed();
-    assert!(
-        res.status.success(),
-        "sync failed: {}",
-        String::from_utf8_lossy(&res.stderr)
+        &["--iptables-backend", variant.as_str()],
     );
-    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
-        .expect("getrusage");
     println!(
         "(a) iptables-{}: cold sync from manifests, {services} x 10: {} wall; peak RSS of the largest process (agent or iptables-restore) {:.1} MiB; agent said: {}",
         variant.as_str(),
-        ms(wall),
-        usage.max_rss() as f64 / 1024.0,
-        String::from_utf8_lossy(&res.stdout).trim()
+        ms(c.wall),
+        c.max_rss_mib,
+        c.said
     );
 }
 

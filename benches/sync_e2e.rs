@@ -19,7 +19,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{manifests, ms, pct};
+use common::{ms, pct};
 
 /// Times each kernel transaction.
 struct Timed {
@@ -40,37 +40,17 @@ impl NftExecutor for Timed {
 }
 
 fn cold_from_manifests(services: usize, out: &mut String) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let m = dir.path().join("cluster.json");
-    std::fs::write(&m, manifests(services, 10)).expect("write manifests");
-    let cfg = dir.path().join("kp.yaml");
-    std::fs::write(
-        &cfg,
+    let c = common::cold_sync_from_manifests(
+        services,
         "kind: KubeProxyConfiguration\nhostnameOverride: bench-node\nclusterCIDR: 10.0.0.0/8\n",
-    )
-    .expect("write config");
-    let t = Instant::now();
-    let res = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["sync", "--once", "--config"])
-        .arg(&cfg)
-        .arg("--manifests")
-        .arg(&m)
-        .output()
-        .expect("run switchyard");
-    let wall = t.elapsed();
-    assert!(
-        res.status.success(),
-        "sync failed: {}",
-        String::from_utf8_lossy(&res.stderr)
+        &[],
     );
-    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
-        .expect("getrusage");
     let _ = writeln!(
         out,
         "(a) cold sync from manifests, {services} x 10: {} wall; peak RSS of the largest process (agent or its nft) {:.1} MiB; agent said: {}",
-        ms(wall),
-        usage.max_rss() as f64 / 1024.0,
-        String::from_utf8_lossy(&res.stdout).trim()
+        ms(c.wall),
+        c.max_rss_mib,
+        c.said
     );
     let _ = Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .arg("cleanup")

@@ -99,3 +99,45 @@ pub fn endpoint_changes(
     }
     totals
 }
+
+/// What one `switchyard sync --once` from manifests did.
+pub struct ColdSync {
+    pub wall: Duration,
+    /// Peak RSS of the largest child so far (the agent or its nft / iptables-restore), MiB.
+    pub max_rss_mib: f64,
+    /// The agent's summary line.
+    pub said: String,
+}
+
+/// Writes a synthetic cluster of `services` x 10 and `config` to a temporary directory and
+/// times `switchyard sync --once` on them, with `extra` arguments; panics if it fails.
+pub fn cold_sync_from_manifests(services: usize, config: &str, extra: &[&str]) -> ColdSync {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = dir.path().join("cluster.json");
+    std::fs::write(&m, manifests(services, 10)).expect("write manifests");
+    let cfg = dir.path().join("kp.yaml");
+    std::fs::write(&cfg, config).expect("write config");
+    let t = std::time::Instant::now();
+    let res = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["sync", "--once"])
+        .args(extra)
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--manifests")
+        .arg(&m)
+        .output()
+        .expect("run switchyard");
+    let wall = t.elapsed();
+    assert!(
+        res.status.success(),
+        "sync failed: {}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .expect("getrusage");
+    ColdSync {
+        wall,
+        max_rss_mib: usage.max_rss() as f64 / 1024.0,
+        said: String::from_utf8_lossy(&res.stdout).trim().to_string(),
+    }
+}

@@ -149,19 +149,8 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
     );
     loop {
         let due = agent.schedule.due(agent.store.initial_lists_done());
-        let sleep = async {
-            match due {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        let canary = agent.next_canary;
-        let canary = async {
-            match canary {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
+        let sleep = sleep_until(due);
+        let canary = sleep_until(agent.next_canary);
         tokio::select! {
             _ = sigterm.recv() => {
                 tracing::info!("SIGTERM: stopping; the programmed rules stay in place");
@@ -185,6 +174,14 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
             _ = sleep => agent.sync(),
             _ = canary => agent.probe_canary(),
         }
+    }
+}
+
+/// Sleeps until `at`; forever when there is no `at`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -80,7 +80,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
             else {
                 continue;
             };
-            let (input, _, _) = restore::sync_input(layout, Base::Kernel(&empty), jumps);
+            let (input, _) = restore::sync_input(layout, Base::Kernel(&empty), jumps);
             let cmd = match family {
                 IpFamily::V4 => "iptables-restore",
                 IpFamily::V6 => "ip6tables-restore",
@@ -105,7 +105,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
             Some((layout, changed)) => {
                 // Emptied chains stay until the next full sync deletes them with the other
                 // stale chains it finds.
-                let (input, stats, _emptied) =
+                let (input, stats) =
                     restore::sync_input(desired, Base::Previous { layout, changed }, jumps);
                 (input, stats, false)
             }
@@ -121,7 +121,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
                                 .is_some_and(|h| h.jumps_to(j.builtin, j.target))
                         })
                 });
-                let (input, stats, _) = restore::sync_input(desired, Base::Kernel(&saved), jumps);
+                let (input, stats) = restore::sync_input(desired, Base::Kernel(&saved), jumps);
                 (input, stats, drift)
             }
         };

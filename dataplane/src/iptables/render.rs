@@ -61,18 +61,6 @@ impl Tables {
     pub fn chains(&self, table: TableName) -> Option<&Chains> {
         self.tables.get(&table)
     }
-
-    pub fn chain_count(&self) -> usize {
-        self.tables.values().map(BTreeMap::len).sum()
-    }
-
-    pub fn rule_count(&self) -> usize {
-        self.tables
-            .values()
-            .flat_map(|c| c.values())
-            .map(Vec::len)
-            .sum()
-    }
 }
 
 /// A rule in a built-in chain that sends packets into ours; added once, at the top.

@@ -38,11 +38,6 @@ impl Saved {
     pub fn table(&self, t: TableName) -> Option<&SavedTable> {
         self.tables.get(t.as_str())
     }
-
-    /// How many rules the family holds (the back-end detection counts these).
-    pub fn rule_count(&self) -> usize {
-        self.tables.values().map(|t| t.rules.len()).sum()
-    }
 }
 
 /// The `-j` / `-g` target of a rule.
@@ -230,15 +225,14 @@ fn write_order(write: &[(&str, &[String])]) -> Vec<usize> {
 /// Restore input that brings one family from what the kernel holds (full sync: every
 /// chain written, stale service chains deleted, missing jumps inserted) or from what our
 /// last restore wrote (partial: only chains whose rules changed are written; chains no
-/// longer wanted are emptied and returned, to delete at the next full sync, because a
+/// longer wanted are emptied, and deleted by the next full sync, because a
 /// `-X` makes iptables-nft load every rule of the table). Empty when nothing needs doing.
 pub fn sync_input(
     desired: &FamilyLayout,
     base: Base<'_>,
     jumps: &[Jump],
-) -> (String, RestoreStats, Vec<String>) {
+) -> (String, RestoreStats) {
     let mut plans: BTreeMap<TableName, TablePlan> = BTreeMap::new();
-    let mut retired = Vec::new();
     let empty = PortRules::default();
     match base {
         Base::Kernel(saved) => {
@@ -313,7 +307,6 @@ pub fn sync_input(
                 for c in old.chains.keys() {
                     if !new.chains.contains_key(c) {
                         nat.flush.push(c.clone());
-                        retired.push(c.clone());
                     }
                 }
             }
@@ -326,7 +319,7 @@ pub fn sync_input(
             plan.emit(table, &mut out, &mut stats);
         }
     }
-    (out, stats, retired)
+    (out, stats)
 }
 
 /// What a sync's restore input is computed against.

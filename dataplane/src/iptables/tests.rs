@@ -208,6 +208,16 @@ fn jump_count(fake: &FakeIptables, table: &str, chain: &str, target: &str) -> us
         .count()
 }
 
+/// The fake kernel's IPv4 nat table, to edit as another tool would.
+fn nat_mut(fake: &mut FakeIptables) -> &mut super::restore::SavedTable {
+    fake.families
+        .entry(IpFamily::V4)
+        .or_default()
+        .tables
+        .entry("nat".to_string())
+        .or_default()
+}
+
 /// A kernel with someone else's rules: Docker's chain and a jump to it.
 fn foreign() -> FakeIptables {
     let mut fake = FakeIptables::default();
@@ -499,23 +509,10 @@ fn an_endpoint_change_writes_one_service_chain_and_one_endpoint_chain() {
 #[test]
 fn cleanup_keeps_a_chain_another_tool_still_jumps_to() {
     let mut fake = foreign();
-    let nat = fake
-        .families
-        .get_mut(&IpFamily::V4)
-        .unwrap()
-        .tables
-        .get_mut("nat")
-        .unwrap();
-    nat.chains.insert("CALICO-NAT".into());
+    nat_mut(&mut fake).chains.insert("CALICO-NAT".into());
     let mut b = IptablesBackend::new(fake);
     b.sync(&snapshot(&["10.180.0.1"]), Scope::Full).unwrap();
-    b.exec
-        .families
-        .get_mut(&IpFamily::V4)
-        .unwrap()
-        .tables
-        .get_mut("nat")
-        .unwrap()
+    nat_mut(&mut b.exec)
         .rules
         .push(("CALICO-NAT".into(), format!("-j {MARK_MASQ}")));
     b.cleanup().unwrap();
@@ -550,12 +547,7 @@ fn a_family_without_services_that_cannot_be_programmed_does_not_fail_the_sync() 
 #[test]
 fn a_stale_chain_another_tool_jumps_to_is_emptied_not_deleted() {
     let mut fake = foreign();
-    fake.families
-        .get_mut(&IpFamily::V4)
-        .unwrap()
-        .tables
-        .get_mut("nat")
-        .unwrap()
+    nat_mut(&mut fake)
         .rules
         .push(("PREROUTING".into(), "-j KUBE-SEP-STALESTALESTALE1".into()));
     let mut b = IptablesBackend::new(fake);
