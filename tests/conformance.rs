@@ -29,6 +29,10 @@ const ENABLED: &[&str] = &[
     "terminating-etp-cluster-terminating-endpoints-on-remote-node",
     "terminating-etp-cluster-no-usable-endpoints-on-any-node",
     "terminating-etp-local-endpoints-deleted",
+    "external-traffic-policy-local",
+    "masquerade-matrix-base",
+    "masquerade-matrix-no-local-detector",
+    "masquerade-matrix-masquerade-all",
 ];
 
 #[test]
@@ -346,6 +350,39 @@ fn terminating_etp_local_endpoints_deleted() {
     rig::run_conformance("terminating-etp-local-endpoints-deleted", Mode::Nftables);
 }
 
+#[test]
+fn external_traffic_policy_local() {
+    rig::run_conformance("external-traffic-policy-local", Mode::Nftables);
+}
+
+#[test]
+fn masquerade_matrix_base() {
+    rig::run_conformance("masquerade-matrix-base", Mode::Nftables);
+}
+
+#[test]
+fn masquerade_matrix_no_local_detector() {
+    rig::run_conformance("masquerade-matrix-no-local-detector", Mode::Nftables);
+}
+
+#[test]
+fn masquerade_matrix_masquerade_all() {
+    rig::run_conformance("masquerade-matrix-masquerade-all", Mode::Nftables);
+}
+
+/// Every scenario in the vendored cases is enabled: all 155 flows run in both modes.
+#[test]
+fn every_scenario_is_enabled() {
+    let cases = Cases::vendored();
+    let mut all: Vec<&str> = cases.scenarios.iter().map(|s| s.id.as_str()).collect();
+    let mut enabled = ENABLED.to_vec();
+    all.sort_unstable();
+    enabled.sort_unstable();
+    assert_eq!(all, enabled);
+    let flows: usize = cases.scenarios.iter().map(|s| s.flows.len()).sum();
+    assert_eq!(flows, 155);
+}
+
 /// The same scenarios in iptables mode (iptables-nft, as detected on a fresh node), with
 /// each flow's `modeDifferences` for iptables as its expectation.
 mod iptables_mode {
@@ -418,6 +455,10 @@ mod iptables_mode {
         terminating_etp_cluster_terminating_endpoints_on_remote_node => "terminating-etp-cluster-terminating-endpoints-on-remote-node",
         terminating_etp_cluster_no_usable_endpoints_on_any_node => "terminating-etp-cluster-no-usable-endpoints-on-any-node",
         terminating_etp_local_endpoints_deleted => "terminating-etp-local-endpoints-deleted",
+        external_traffic_policy_local => "external-traffic-policy-local",
+        masquerade_matrix_base => "masquerade-matrix-base",
+        masquerade_matrix_no_local_detector => "masquerade-matrix-no-local-detector",
+        masquerade_matrix_masquerade_all => "masquerade-matrix-masquerade-all",
     }
 }
 

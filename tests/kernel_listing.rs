@@ -44,6 +44,7 @@ fn snapshot() -> Snapshot {
     let mut dns = ServicePort::cluster(udp.clone(), ip("172.16.0.53"), 53);
     dns.node_port = 30053;
     dns.external_traffic_policy = TrafficPolicy::Local;
+    dns.load_balancer_ips = vec![ip("203.0.113.53")];
     s.services.insert((udp.clone(), IpFamily::V4), dns);
     s.endpoints.insert(
         udp,
@@ -154,6 +155,19 @@ fn netlink_reads_what_nft_lists_and_what_was_written() {
     assert!(v4.sets[layout::MAP_NODEPORT_BACKENDS]
         .elements
         .contains_key("udp . 30053 . 0"));
+    // externalTrafficPolicy Local: the short-circuit maps read back too.
+    for (map, key) in [
+        (layout::MAP_SHORTCUT_IPS, "203.0.113.53 . udp . 53"),
+        (layout::MAP_SHORTCUT_BACKENDS, "203.0.113.53 . udp . 53 . 0"),
+        (layout::MAP_SHORTCUT_NODEPORTS, "udp . 30053"),
+        (layout::MAP_NODEPORT_SHORTCUT_BACKENDS, "udp . 30053 . 0"),
+    ] {
+        assert!(
+            v4.sets[map].elements.contains_key(key),
+            "{map} holds {key}: {:?}",
+            v4.sets[map].elements
+        );
+    }
 }
 
 #[test]

@@ -9,6 +9,9 @@
 //!             <node port address>    vmap @service-nodeports  -> goto nodeport-N
 //! cluster-N:  [mark for masquerade unless local]  dnat to daddr . proto . dport . numgen mod N map @backends
 //! nodeport-N: mark for masquerade                 dnat to proto . dport . numgen mod N map @nodeport-backends
+//! external-local-N, nodeport-local-N (externalTrafficPolicy Local):
+//!             from pods, or from the node (masqueraded): vmap @shortcut-* -> goto shortcut-M
+//!             anything else: dnat to one of the N local endpoints
 //! ```
 //!
 //! Slots are assigned stably against the previous state: an endpoint keeps its slot while it
@@ -16,8 +19,9 @@
 
 use super::ownership::{self, FamilyIndex, Index, Record, Touched};
 pub use super::skeleton::{
-    cidr_text, disjoint_cidrs, MAP_BACKENDS, MAP_NODEPORT_BACKENDS, MAP_NO_ENDPOINT_NODEPORTS,
-    MAP_NO_ENDPOINT_SERVICES, MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS, SET_CLUSTER_IPS, SET_HAIRPIN,
+    cidr_text, disjoint_cidrs, MAP_BACKENDS, MAP_NODEPORT_BACKENDS, MAP_NODEPORT_SHORTCUT_BACKENDS,
+    MAP_NO_ENDPOINT_NODEPORTS, MAP_NO_ENDPOINT_SERVICES, MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS,
+    MAP_SHORTCUT_BACKENDS, MAP_SHORTCUT_IPS, MAP_SHORTCUT_NODEPORTS, SET_CLUSTER_IPS, SET_HAIRPIN,
     SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS,
 };
 use super::skeleton::{lb_chain, skeleton, LbKind};
@@ -115,6 +119,26 @@ struct Frontend {
     backends: &'static str,
     kind: LbKind,
     external: bool,
+    /// Under externalTrafficPolicy Local: where pods and the node reach every endpoint.
+    shortcut: Option<Shortcut>,
+}
+
+/// The maps and chain kind of a front end's short-circuit to all endpoints.
+struct Shortcut {
+    dispatch: &'static str,
+    backends: &'static str,
+    kind: LbKind,
+}
+
+/// Maps whose elements are backend slots, kept stable across layouts.
+fn is_backends_map(set: &str) -> bool {
+    [
+        MAP_BACKENDS,
+        MAP_NODEPORT_BACKENDS,
+        MAP_SHORTCUT_BACKENDS,
+        MAP_NODEPORT_SHORTCUT_BACKENDS,
+    ]
+    .contains(&set)
 }
 
 /// The front ends of a service port in `family`: its cluster IP, its external and
@@ -129,6 +153,7 @@ fn frontends(svc: &ServicePort, family: IpFamily) -> Vec<Frontend> {
         backends: MAP_BACKENDS,
         kind: LbKind::Cluster,
         external: false,
+        shortcut: None,
     }];
     let mut ext_ips: Vec<IpAddr> = svc
         .external_ips
@@ -151,6 +176,11 @@ fn frontends(svc: &ServicePort, family: IpFamily) -> Vec<Frontend> {
                 LbKind::External
             },
             external: true,
+            shortcut: local_policy.then_some(Shortcut {
+                dispatch: MAP_SHORTCUT_IPS,
+                backends: MAP_SHORTCUT_BACKENDS,
+                kind: LbKind::Shortcut,
+            }),
         });
     }
     if svc.node_port != 0 {
@@ -165,6 +195,11 @@ fn frontends(svc: &ServicePort, family: IpFamily) -> Vec<Frontend> {
                 LbKind::NodePort
             },
             external: true,
+            shortcut: local_policy.then_some(Shortcut {
+                dispatch: MAP_SHORTCUT_NODEPORTS,
+                backends: MAP_NODEPORT_SHORTCUT_BACKENDS,
+                kind: LbKind::NodePortShortcut,
+            }),
         });
     }
     out
@@ -288,12 +323,35 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Program one front end: dispatch element plus its backend slots, or a no-endpoint verdict.
+    /// The slots of `eps` behind `key` in `backends`, and the load-balancing chain of `kind`
+    /// that reads them; returns the verdict that goes there.
+    fn slots(
+        &mut self,
+        rec: &mut Record,
+        key: &str,
+        backends: &'static str,
+        kind: LbKind,
+        eps: &[&Endpoint],
+    ) -> String {
+        let wanted: Vec<String> = eps.iter().map(|e| backend_value(e)).collect();
+        let prev = previous_slots(self.previous(backends), key);
+        let slots = assign_slots(&prev, &wanted);
+        let n = slots.len();
+        for (i, v) in slots.into_iter().enumerate() {
+            self.put_owned(rec, backends, format!("{key} . {i}"), Some(v));
+        }
+        self.use_chain(rec, kind, n);
+        format!("goto {}", kind.chain(n))
+    }
+
+    /// Program one front end: dispatch element plus its backend slots, or a no-endpoint
+    /// verdict. `all` are the endpoints a Local front end short-circuits pods and the node to.
     fn frontend(
         &mut self,
         svc: &ServicePort,
         fe: Frontend,
         eps: &[&Endpoint],
+        all: &[&Endpoint],
         has_any: bool,
         rec: &mut Record,
     ) {
@@ -306,24 +364,18 @@ impl<'a> Builder<'a> {
             return;
         }
         if eps.is_empty() {
+            // As kube-proxy's nftables mode: with no local endpoint, pods and the node are
+            // dropped too (its iptables mode would still short-circuit them).
             let verdict = if has_any { DROP } else { REJECT };
             self.put_owned(rec, fe.none, fe.key, Some(verdict.to_string()));
             return;
         }
-        let wanted: Vec<String> = eps.iter().map(|e| backend_value(e)).collect();
-        let prev = previous_slots(self.previous(fe.backends), &fe.key);
-        let slots = assign_slots(&prev, &wanted);
-        let n = slots.len();
-        for (i, v) in slots.into_iter().enumerate() {
-            self.put_owned(rec, fe.backends, format!("{} . {i}", fe.key), Some(v));
+        if let Some(sc) = &fe.shortcut {
+            let verdict = self.slots(rec, &fe.key, sc.backends, sc.kind, all);
+            self.put_owned(rec, sc.dispatch, fe.key.clone(), Some(verdict));
         }
-        self.use_chain(rec, fe.kind, n);
-        self.put_owned(
-            rec,
-            fe.dispatch,
-            fe.key,
-            Some(format!("goto {}", fe.kind.chain(n))),
-        );
+        let verdict = self.slots(rec, &fe.key, fe.backends, fe.kind, eps);
+        self.put_owned(rec, fe.dispatch, fe.key, Some(verdict));
     }
 
     fn service(&mut self, svc: &ServicePort, endpoints: &[Endpoint]) {
@@ -346,7 +398,7 @@ impl<'a> Builder<'a> {
         self.put_shared(&mut rec, SET_CLUSTER_IPS, svc.cluster_ip.to_string());
         for fe in frontends(svc, self.family) {
             let eps = if fe.external { &external } else { &internal };
-            self.frontend(svc, fe, eps, has_any, &mut rec);
+            self.frontend(svc, fe, eps, &sel.cluster, has_any, &mut rec);
         }
         // Hairpin: an endpoint reaching itself through the service must be masqueraded, or
         // it would answer itself directly. Endpoints known to run elsewhere never start here.
@@ -377,8 +429,7 @@ impl<'a> Builder<'a> {
                 continue;
             }
             let old = self.take(set, &key);
-            if let (Some(value), true) = (old, set == MAP_BACKENDS || set == MAP_NODEPORT_BACKENDS)
-            {
+            if let (Some(value), true) = (old, is_backends_map(set)) {
                 self.removed
                     .sets
                     .entry(set.to_string())

@@ -463,10 +463,18 @@ impl Fields {
         let (key, value): (Vec<Field>, Vec<Field>) = match set {
             SET_CLUSTER_IPS | SET_SERVICE_CIDRS | SET_NODEPORT_ADDRS => (vec![Addr], vec![]),
             SET_HAIRPIN => (vec![Addr, Addr], vec![]),
-            MAP_SERVICE_IPS | MAP_NO_ENDPOINT_SERVICES => (vec![Addr, Proto, Port], vec![]),
-            MAP_SERVICE_NODEPORTS | MAP_NO_ENDPOINT_NODEPORTS => (vec![Proto, Port], vec![]),
-            MAP_BACKENDS => (vec![Addr, Proto, Port, Int], vec![Addr, Port]),
-            MAP_NODEPORT_BACKENDS => (vec![Proto, Port, Int], vec![Addr, Port]),
+            MAP_SERVICE_IPS | MAP_NO_ENDPOINT_SERVICES | MAP_SHORTCUT_IPS => {
+                (vec![Addr, Proto, Port], vec![])
+            }
+            MAP_SERVICE_NODEPORTS | MAP_NO_ENDPOINT_NODEPORTS | MAP_SHORTCUT_NODEPORTS => {
+                (vec![Proto, Port], vec![])
+            }
+            MAP_BACKENDS | MAP_SHORTCUT_BACKENDS => {
+                (vec![Addr, Proto, Port, Int], vec![Addr, Port])
+            }
+            MAP_NODEPORT_BACKENDS | MAP_NODEPORT_SHORTCUT_BACKENDS => {
+                (vec![Proto, Port, Int], vec![Addr, Port])
+            }
             _ => (vec![], vec![]),
         };
         let addr_len = match family {

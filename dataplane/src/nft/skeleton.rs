@@ -16,6 +16,12 @@ pub const MAP_NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const MAP_NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const MAP_BACKENDS: &str = "backends";
 pub const MAP_NODEPORT_BACKENDS: &str = "nodeport-backends";
+/// externalTrafficPolicy Local short-circuit: traffic from pods and from the node to an
+/// external front end goes to all of the service's endpoints, through these maps.
+pub const MAP_SHORTCUT_IPS: &str = "shortcut-ips";
+pub const MAP_SHORTCUT_NODEPORTS: &str = "shortcut-nodeports";
+pub const MAP_SHORTCUT_BACKENDS: &str = "shortcut-backends";
+pub const MAP_NODEPORT_SHORTCUT_BACKENDS: &str = "nodeport-shortcut-backends";
 
 /// Family-specific words.
 struct Words {
@@ -122,6 +128,27 @@ fn masquerade_rule(node: &NodeConfig, family: IpFamily) -> Option<String> {
     }
 }
 
+/// The match that tells traffic from this node's pods, if the detector can tell.
+fn pod_source_match(node: &NodeConfig, family: IpFamily) -> Option<String> {
+    let w = words(family);
+    match &node.local_detector {
+        LocalDetector::None => None,
+        LocalDetector::Cidrs(cidrs) => match disjoint_cidrs(cidrs, family).as_slice() {
+            [] => None,
+            [one] => Some(format!("{} saddr {}", w.fam, cidr_text(one))),
+            many => Some(format!(
+                "{} saddr {{ {} }}",
+                w.fam,
+                many.iter().map(cidr_text).collect::<Vec<_>>().join(", ")
+            )),
+        },
+        LocalDetector::Bridge(name) => Some(format!("iifname \"{}\"", name.replace('"', ""))),
+        LocalDetector::InterfacePrefix(prefix) => {
+            Some(format!("iifname \"{}*\"", prefix.replace('"', "")))
+        }
+    }
+}
+
 /// The match that selects packets to a node-port address.
 fn nodeport_match(node: &NodeConfig, family: IpFamily) -> String {
     let w = words(family);
@@ -167,6 +194,24 @@ pub fn skeleton(node: &NodeConfig, family: IpFamily) -> Table {
         ),
         (
             MAP_NODEPORT_BACKENDS,
+            true,
+            format!(
+                "typeof meta l4proto . th dport . numgen random mod 1 : {f} daddr . tcp dport;",
+                f = w.fam
+            ),
+        ),
+        (MAP_SHORTCUT_IPS, true, format!("type {fe_key} : verdict;")),
+        (MAP_SHORTCUT_NODEPORTS, true, format!("type {np_key} : verdict;")),
+        (
+            MAP_SHORTCUT_BACKENDS,
+            true,
+            format!(
+                "typeof {f} daddr . meta l4proto . th dport . numgen random mod 1 : {f} daddr . tcp dport;",
+                f = w.fam
+            ),
+        ),
+        (
+            MAP_NODEPORT_SHORTCUT_BACKENDS,
             true,
             format!(
                 "typeof meta l4proto . th dport . numgen random mod 1 : {f} daddr . tcp dport;",
@@ -297,6 +342,9 @@ pub enum LbKind {
     ExternalLocal,
     NodePort,
     NodePortLocal,
+    /// All endpoints of an externalTrafficPolicy Local front end, for pods and the node.
+    Shortcut,
+    NodePortShortcut,
 }
 
 impl LbKind {
@@ -307,6 +355,8 @@ impl LbKind {
             LbKind::ExternalLocal => "external-local",
             LbKind::NodePort => "nodeport",
             LbKind::NodePortLocal => "nodeport-local",
+            LbKind::Shortcut => "shortcut",
+            LbKind::NodePortShortcut => "nodeport-shortcut",
         };
         format!("{kind}-{n}")
     }
@@ -319,18 +369,48 @@ pub fn lb_chain(node: &NodeConfig, family: IpFamily, kind: LbKind, n: usize) -> 
     match kind {
         LbKind::Cluster => rules.extend(masquerade_rule(node, family)),
         LbKind::External | LbKind::NodePort => rules.push("jump mark-for-masquerade".into()),
-        // Local policy keeps the client address: no masquerade.
-        LbKind::ExternalLocal | LbKind::NodePortLocal => {}
+        // Local policy keeps the client address, except for traffic from pods and from the
+        // node, which kube-proxy short-circuits to every endpoint (the node's masqueraded,
+        // so that replies come back through it).
+        LbKind::ExternalLocal | LbKind::NodePortLocal => {
+            let (key, map) = if kind == LbKind::ExternalLocal {
+                (
+                    format!("{f} daddr . meta l4proto . th dport"),
+                    MAP_SHORTCUT_IPS,
+                )
+            } else {
+                (
+                    "meta l4proto . th dport".to_string(),
+                    MAP_SHORTCUT_NODEPORTS,
+                )
+            };
+            if let Some(pods) = pod_source_match(node, family) {
+                rules.push(format!("{pods} {key} vmap @{map}"));
+            }
+            rules.push("fib saddr type local jump mark-for-masquerade".into());
+            rules.push(format!("fib saddr type local {key} vmap @{map}"));
+        }
+        LbKind::Shortcut | LbKind::NodePortShortcut => {}
     }
-    let dnat = match kind {
-        LbKind::NodePort | LbKind::NodePortLocal => format!(
-            "dnat {f} to meta l4proto . th dport . numgen random mod {n} map @{MAP_NODEPORT_BACKENDS}"
+    let (key, map) = match kind {
+        LbKind::NodePort | LbKind::NodePortLocal => {
+            ("meta l4proto . th dport".to_string(), MAP_NODEPORT_BACKENDS)
+        }
+        LbKind::NodePortShortcut => (
+            "meta l4proto . th dport".to_string(),
+            MAP_NODEPORT_SHORTCUT_BACKENDS,
         ),
-        _ => format!(
-            "dnat {f} to {f} daddr . meta l4proto . th dport . numgen random mod {n} map @{MAP_BACKENDS}"
+        LbKind::Shortcut => (
+            format!("{f} daddr . meta l4proto . th dport"),
+            MAP_SHORTCUT_BACKENDS,
         ),
+        LbKind::Cluster | LbKind::External | LbKind::ExternalLocal => {
+            (format!("{f} daddr . meta l4proto . th dport"), MAP_BACKENDS)
+        }
     };
-    rules.push(dnat);
+    rules.push(format!(
+        "dnat {f} to {key} . numgen random mod {n} map @{map}"
+    ));
     Chain::new(None, rules)
 }
 
