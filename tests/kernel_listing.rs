@@ -170,6 +170,72 @@ fn netlink_reads_what_nft_lists_and_what_was_written() {
     }
 }
 
+/// Lists a table's rules as nft prints them.
+fn listed(family: &str) -> String {
+    let out = std::process::Command::new("nft")
+        .args(["list", "table", family, "switchyard"])
+        .output()
+        .expect("running nft");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// nft 1.0.6 slips a `meta l4proto tcp` match into the first rule of a run that uses a
+/// backends map (it prints as `tcp dport` in the DNAT rule), which silently stops UDP
+/// services behind that chain. Neither a fresh table nor a later transaction that adds a
+/// load-balancing chain may carry one.
+#[test]
+fn no_dnat_rule_gets_a_hidden_tcp_match() {
+    let Some(guard) = Namespace::create("anchor") else {
+        return;
+    };
+    let ns = guard.0.clone();
+    let before = snapshot();
+    let mut after = before.clone();
+    let udp = ServicePortName::new("bench", "dns7", "dns", Protocol::Udp);
+    let mut svc = ServicePort::cluster(udp.clone(), ip("172.16.0.57"), 53);
+    svc.node_port = 30057;
+    after.services.insert((udp.clone(), IpFamily::V4), svc);
+    after.endpoints.insert(
+        udp,
+        (1..=7)
+            .map(|i| Endpoint::ready(ip(&format!("10.57.0.{i}")), 53))
+            .collect(),
+    );
+    netns::in_netns(&ns, || {
+        let mut nft = NftCommand::default();
+        nft.apply(&NftBackend::<NftCommand>::render(&before))
+            .expect("programming the table");
+        for family in ["ip", "ip6"] {
+            let text = listed(family);
+            assert!(text.contains("dnat"), "{text}");
+            assert!(!text.contains("tcp dport . numgen"), "{family}:\n{text}");
+        }
+        let kernel = nft.read().expect("read");
+        let (want, _) = layout::desired(&after, &kernel);
+        let tx = diff(&kernel, &want, false);
+        let script = tx.to_nft();
+        assert!(
+            script.contains("add chain ip switchyard cluster-7"),
+            "{script}"
+        );
+        nft.apply(&tx).expect("adding the 7-endpoint service");
+        let text = listed("ip");
+        assert!(text.contains("numgen random mod 7"), "{text}");
+        assert!(!text.contains("tcp dport . numgen"), "{text}");
+        assert!(
+            !text.contains("tx-anchor"),
+            "the anchor chain is gone: {text}"
+        );
+        Ok(())
+    })
+    .expect("in the namespace");
+}
+
 #[test]
 fn element_batches_commit_exactly_or_not_at_all() {
     let Some(guard) = Namespace::create("batch") else {

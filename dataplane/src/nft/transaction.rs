@@ -5,9 +5,12 @@
 //! mishandles concatenated map values (see ARCHITECTURE.md).
 
 use super::ownership::Touched;
+use super::skeleton::{
+    MAP_BACKENDS, MAP_NODEPORT_BACKENDS, MAP_NODEPORT_SHORTCUT_BACKENDS, MAP_SHORTCUT_BACKENDS,
+};
 use super::state::{family_name, Chain, Ruleset, Set, Table, TABLE};
 use crate::model::IpFamily;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 /// Elements per `add element` / `delete element` statement; keeps nft's parser and memory tame.
@@ -116,13 +119,55 @@ impl Transaction {
     }
 
     /// The nft script for `nft -f -`.
+    ///
+    /// nft 1.0.6 gives the first rule of a run that uses a map whose `typeof` value says
+    /// `tcp dport` a hidden `meta l4proto tcp` match (it evaluates the map's value type in
+    /// that rule's context), so a UDP service behind that rule would never be DNATed. A
+    /// copy of that rule goes first, into a chain created and deleted in the same
+    /// transaction, and takes the stray match with it.
     pub fn to_nft(&self) -> String {
         let mut out = String::new();
+        let mut anchored: BTreeSet<(IpFamily, &str)> = BTreeSet::new();
+        let mut anchor_chains: BTreeSet<IpFamily> = BTreeSet::new();
         for op in &self.ops {
+            if let Op::AddRule { family, rule, .. } = op {
+                for map in maps_used(rule) {
+                    if !anchored.insert((*family, map)) {
+                        continue;
+                    }
+                    let f = family_name(*family);
+                    if anchor_chains.insert(*family) {
+                        let _ = writeln!(out, "add chain {f} {TABLE} {ANCHOR_CHAIN}");
+                    }
+                    let _ = writeln!(out, "add rule {f} {TABLE} {ANCHOR_CHAIN} {rule}");
+                }
+            }
             write_op(&mut out, op);
+        }
+        for family in anchor_chains {
+            let f = family_name(family);
+            let _ = writeln!(out, "flush chain {f} {TABLE} {ANCHOR_CHAIN}");
+            let _ = writeln!(out, "delete chain {f} {TABLE} {ANCHOR_CHAIN}");
         }
         out
     }
+}
+
+/// The chain that lives only inside one transaction (see [`Transaction::to_nft`]).
+const ANCHOR_CHAIN: &str = "tx-anchor";
+
+/// The maps with a `tcp dport` value type that `rule` reads (`... map @name`).
+fn maps_used(rule: &str) -> impl Iterator<Item = &'static str> + '_ {
+    const TCP_VALUED: [&str; 4] = [
+        MAP_BACKENDS,
+        MAP_NODEPORT_BACKENDS,
+        MAP_SHORTCUT_BACKENDS,
+        MAP_NODEPORT_SHORTCUT_BACKENDS,
+    ];
+    TCP_VALUED.into_iter().filter(move |m| {
+        rule.split_whitespace()
+            .any(|w| w.strip_prefix('@') == Some(m))
+    })
 }
 
 fn write_elements(
