@@ -462,15 +462,59 @@ mod iptables_mode {
     }
 }
 
+/// Switchyard's own scenarios (`tests/conformance/own-cases.json`: topology hints,
+/// dual-stack, UDP through every front end), in both modes.
+mod own_cases {
+    use super::*;
+
+    macro_rules! own_scenarios {
+        ($($test:ident => $id:literal),* $(,)?) => {
+            $(
+                mod $test {
+                    use super::*;
+                    #[test]
+                    fn nftables() {
+                        rig::run_own($id, Mode::Nftables);
+                    }
+                    #[test]
+                    fn iptables() {
+                        rig::run_own($id, Mode::Iptables);
+                    }
+                }
+            )*
+            /// Every own scenario has a test above.
+            #[test]
+            fn every_own_scenario_runs() {
+                let mut ids: Vec<&str> = vec![$($id),*];
+                let cases = Cases::own();
+                let mut all: Vec<&str> = cases.scenarios.iter().map(|s| s.id.as_str()).collect();
+                ids.sort_unstable();
+                all.sort_unstable();
+                assert_eq!(ids, all);
+            }
+        };
+    }
+
+    own_scenarios! {
+        topology_hints => "own-topology-hints",
+        dual_stack => "own-dual-stack",
+        udp_frontends => "own-udp-frontends",
+    }
+}
+
 /// Discrimination check: on a node that nobody programmed, every enabled scenario flow
 /// that expects switchyard to act (DNAT, REJECT, DROP) must fail, and every ACCEPT flow
 /// must pass. A flow passing here would pass even with a do-nothing switchyard.
 #[test]
 fn rig_fails_every_flow_on_an_unprogrammed_node() {
-    let cases = Cases::vendored();
+    let (cases, own) = (Cases::vendored(), Cases::own());
     let mut wrongly_passing = Vec::new();
-    for id in ENABLED {
-        let scenario = cases.scenario(id);
+    let scenarios = ENABLED
+        .iter()
+        .map(|id| cases.scenario(id))
+        .chain(own.scenarios.iter());
+    for scenario in scenarios {
+        let id = &scenario.id;
         let test = format!("rig_unprogrammed/{id}");
         let Some(rig) = Rig::build(&test, scenario, RigOptions::default()) else {
             return;

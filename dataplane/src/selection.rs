@@ -2,7 +2,11 @@
 //!
 //! The rules are kube-proxy's (pkg/proxy/topology.go): ready endpoints when there are any,
 //! otherwise serving-and-terminating ones; never non-serving ones; chosen independently for
-//! the cluster-wide set and the node-local set.
+//! the cluster-wide set and the node-local set. Topology hints narrow the cluster-wide set:
+//! node hints when every ready endpoint has one and one names this node, else zone hints when
+//! every ready endpoint has one and one names this node's zone; never the local set. As in
+//! kube-proxy, a Service's `trafficDistribution` is read only through the hints the
+//! EndpointSlice controller derives from it.
 
 use crate::model::{Endpoint, IpFamily, NodeConfig, ServicePort, TrafficPolicy};
 
@@ -27,13 +31,77 @@ where
     endpoints.filter(|e| e.serving && e.terminating).collect()
 }
 
+/// Which hints narrow the cluster-wide endpoints on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// No hints apply: every endpoint.
+    None,
+    /// Endpoints hinted for this node.
+    SameNode,
+    /// Endpoints hinted for this node's zone.
+    SameZone,
+}
+
+/// kube-proxy's choice of topology mode from the ready endpoints' hints (pkg/proxy/topology.go).
+pub fn topology<'a, I>(node: &NodeConfig, endpoints: I) -> Topology
+where
+    I: Iterator<Item = &'a Endpoint>,
+{
+    let (mut any, mut all_node, mut for_node, mut all_zone, mut for_zone) =
+        (false, true, false, true, false);
+    let zone = node.zone.as_deref();
+    for e in endpoints.filter(|e| e.ready) {
+        any = true;
+        if e.hint_nodes.is_empty() {
+            all_node = false;
+        } else if e.hint_nodes.contains(&node.name) {
+            for_node = true;
+        }
+        if e.hint_zones.is_empty() {
+            all_zone = false;
+        } else if zone.is_some_and(|z| e.hint_zones.iter().any(|h| h == z)) {
+            for_zone = true;
+        }
+    }
+    if any && all_node && for_node {
+        Topology::SameNode
+    } else if any && all_zone && for_zone {
+        Topology::SameZone
+    } else {
+        Topology::None
+    }
+}
+
+fn available(e: &Endpoint, mode: Topology, node: &NodeConfig) -> bool {
+    match mode {
+        Topology::None => true,
+        Topology::SameNode => e.hint_nodes.contains(&node.name),
+        Topology::SameZone => node
+            .zone
+            .as_deref()
+            .is_some_and(|z| e.hint_zones.iter().any(|h| h == z)),
+    }
+}
+
 /// Select the endpoints of one service port, in the port's family only.
 pub fn select<'a>(node: &NodeConfig, svc: &ServicePort, endpoints: &'a [Endpoint]) -> Selected<'a> {
     let family = svc.family;
     let of_family = endpoints
         .iter()
         .filter(move |e| IpFamily::of(&e.ip) == family);
-    let cluster = usable(of_family.clone());
+    let mode = topology(node, of_family.clone());
+    // Hints only ever pick among ready endpoints; with none ready the fallback to serving
+    // and terminating ones ignores them, as kube-proxy's does.
+    let mut cluster: Vec<&Endpoint> = of_family
+        .clone()
+        .filter(|e| e.ready && available(e, mode, node))
+        .collect();
+    if cluster.is_empty() {
+        cluster = of_family
+            .clone()
+            .filter(|e| e.serving && e.terminating)
+            .collect();
+    }
     let local = usable(of_family.filter(|e| e.is_local(&node.name)));
     Selected { cluster, local }
 }
@@ -110,6 +178,84 @@ mod tests {
             vec![&eps[0]],
             "non-serving endpoints are never used"
         );
+    }
+
+    fn hinted(ip: &str, node: &str, zones: &[&str], nodes: &[&str]) -> Endpoint {
+        Endpoint {
+            hint_zones: zones.iter().map(|z| z.to_string()).collect(),
+            hint_nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            ..ep(ip, true, true, false, node)
+        }
+    }
+
+    fn zoned_node() -> NodeConfig {
+        NodeConfig {
+            zone: Some("zone-a".into()),
+            ..node()
+        }
+    }
+
+    fn ips(v: &[&Endpoint]) -> Vec<String> {
+        v.iter().map(|e| e.ip.to_string()).collect()
+    }
+
+    #[test]
+    fn zone_hints_narrow_the_cluster_set_only_when_complete_and_matching() {
+        let eps = vec![
+            hinted("10.0.0.1", "me", &["zone-a"], &[]),
+            hinted("10.0.0.2", "other", &["zone-b"], &[]),
+            hinted("10.0.0.3", "third", &["zone-a", "zone-c"], &[]),
+        ];
+        let s = select(&zoned_node(), &svc(), &eps);
+        assert_eq!(ips(&s.cluster), ["10.0.0.1", "10.0.0.3"]);
+        assert_eq!(ips(&s.local), ["10.0.0.1"], "the local set ignores hints");
+
+        // One ready endpoint without a hint: hints are ignored.
+        let mut partial = eps.clone();
+        partial[1].hint_zones.clear();
+        assert_eq!(select(&zoned_node(), &svc(), &partial).cluster.len(), 3);
+        // An unready endpoint without a hint does not count.
+        partial[1].ready = false;
+        partial[1].serving = false;
+        assert_eq!(
+            ips(&select(&zoned_node(), &svc(), &partial).cluster),
+            ["10.0.0.1", "10.0.0.3"]
+        );
+
+        // No endpoint for this zone, or a node without a zone label: hints are ignored.
+        let other_zone = NodeConfig {
+            zone: Some("zone-x".into()),
+            ..node()
+        };
+        assert_eq!(select(&other_zone, &svc(), &eps).cluster.len(), 3);
+        assert_eq!(select(&node(), &svc(), &eps).cluster.len(), 3);
+    }
+
+    #[test]
+    fn node_hints_win_over_zone_hints() {
+        let eps = vec![
+            hinted("10.0.0.1", "other", &["zone-a"], &["me"]),
+            hinted("10.0.0.2", "other", &["zone-a"], &["other"]),
+        ];
+        let s = select(&zoned_node(), &svc(), &eps);
+        assert_eq!(ips(&s.cluster), ["10.0.0.1"]);
+        // Node hints that do not name this node fall back to zone hints.
+        let mut not_me = eps.clone();
+        not_me[0].hint_nodes = vec!["third".into()];
+        assert_eq!(select(&zoned_node(), &svc(), &not_me).cluster.len(), 2);
+        assert_eq!(topology(&zoned_node(), not_me.iter()), Topology::SameZone);
+    }
+
+    #[test]
+    fn terminating_fallback_ignores_hints() {
+        let mut a = hinted("10.0.0.1", "other", &["zone-b"], &[]);
+        let mut b = hinted("10.0.0.2", "other", &["zone-a"], &[]);
+        for e in [&mut a, &mut b] {
+            e.ready = false;
+            e.terminating = true;
+        }
+        let eps = vec![a, b];
+        assert_eq!(select(&zoned_node(), &svc(), &eps).cluster.len(), 2);
     }
 
     #[test]

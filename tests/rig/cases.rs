@@ -29,11 +29,16 @@ impl Cases {
         Cases::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/cases.json"))
     }
 
+    /// Switchyard's own cases (same schema): topology, dual-stack, UDP.
+    pub fn own() -> Cases {
+        Cases::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/own-cases.json"))
+    }
+
     pub fn scenario(&self, id: &str) -> &Scenario {
         self.scenarios
             .iter()
             .find(|s| s.id == id)
-            .unwrap_or_else(|| panic!("scenario {id:?} not found in cases.json"))
+            .unwrap_or_else(|| panic!("scenario {id:?} not found"))
     }
 }
 
@@ -72,6 +77,9 @@ pub struct NodeConfig {
     pub masquerade_all: bool,
     pub node_port_addresses: Option<Vec<String>>,
     pub localhost_node_ports: bool,
+    /// The node's `topology.kubernetes.io/zone` label (our own cases only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -103,6 +111,9 @@ pub struct Service {
     pub type_: String,
     #[serde(rename = "clusterIP")]
     pub cluster_ip: Option<String>,
+    /// Dual-stack: every cluster IP, primary first (our own cases only).
+    #[serde(default, rename = "clusterIPs", skip_serializing_if = "Vec::is_empty")]
+    pub cluster_ips: Vec<String>,
     pub ports: Vec<ServicePort>,
     #[serde(default, rename = "externalIPs")]
     pub external_ips: Vec<String>,
@@ -185,6 +196,19 @@ pub struct Endpoint {
     pub serving: Option<bool>,
     #[serde(default)]
     pub terminating: Option<bool>,
+    /// Topology hints (our own cases only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hints: Option<Hints>,
+}
+
+/// An endpoint's topology hints.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hints {
+    #[serde(default)]
+    pub for_zones: Vec<String>,
+    #[serde(default)]
+    pub for_nodes: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]

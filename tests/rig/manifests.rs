@@ -55,6 +55,9 @@ fn node_object(node: &NodeConfig) -> Value {
     if let Some(cidr) = &node.pod_cidr {
         obj["spec"] = json!({ "podCIDR": cidr, "podCIDRs": [cidr] });
     }
+    if let Some(zone) = &node.zone {
+        obj["metadata"]["labels"] = json!({ "topology.kubernetes.io/zone": zone });
+    }
     obj
 }
 
@@ -78,12 +81,24 @@ fn service_object(svc: &Service, node: &NodeConfig) -> Value {
             } else {
                 "IPv4"
             });
-    if let Some(ip) = &svc.cluster_ip {
-        spec.insert("clusterIP".into(), json!(ip));
-        spec.insert("clusterIPs".into(), json!([ip]));
+    if svc.cluster_ips.len() > 1 {
+        let families: Vec<&str> = svc
+            .cluster_ips
+            .iter()
+            .filter_map(|ip| family_of(ip))
+            .collect();
+        spec.insert("clusterIP".into(), json!(svc.cluster_ips[0]));
+        spec.insert("clusterIPs".into(), json!(svc.cluster_ips));
+        spec.insert("ipFamilies".into(), json!(families));
+        spec.insert("ipFamilyPolicy".into(), json!("RequireDualStack"));
+    } else {
+        if let Some(ip) = &svc.cluster_ip {
+            spec.insert("clusterIP".into(), json!(ip));
+            spec.insert("clusterIPs".into(), json!([ip]));
+        }
+        spec.insert("ipFamilies".into(), json!([family]));
+        spec.insert("ipFamilyPolicy".into(), json!("SingleStack"));
     }
-    spec.insert("ipFamilies".into(), json!([family]));
-    spec.insert("ipFamilyPolicy".into(), json!("SingleStack"));
     let ports: Vec<Value> = svc
         .ports
         .iter()
@@ -178,6 +193,18 @@ fn slice_object(slice: &EndpointSlice) -> Value {
             ep.insert("conditions".into(), Value::Object(cond));
             if let Some(n) = &e.node_name {
                 ep.insert("nodeName".into(), json!(n));
+            }
+            if let Some(h) = &e.hints {
+                let zones: Vec<Value> = h.for_zones.iter().map(|z| json!({ "name": z })).collect();
+                let nodes: Vec<Value> = h.for_nodes.iter().map(|n| json!({ "name": n })).collect();
+                let mut hints = Map::new();
+                if !zones.is_empty() {
+                    hints.insert("forZones".into(), Value::Array(zones));
+                }
+                if !nodes.is_empty() {
+                    hints.insert("forNodes".into(), Value::Array(nodes));
+                }
+                ep.insert("hints".into(), Value::Object(hints));
             }
             Value::Object(ep)
         })

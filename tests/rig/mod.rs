@@ -1025,7 +1025,24 @@ pub fn run_conformance(id: &str, mode: Mode) {
 
 /// [`run_conformance`] with options; the rig stays up for more checks (`None`: SKIP).
 pub fn run_conformance_with(test: &str, id: &str, opts: RigOptions) -> Option<Rig> {
-    let cases = Cases::vendored();
+    run_case(&Cases::vendored(), test, id, opts)
+}
+
+/// One of Switchyard's own scenarios (`tests/conformance/own-cases.json`) in `mode`.
+pub fn run_own(id: &str, mode: Mode) {
+    let opts = RigOptions {
+        mode,
+        ..RigOptions::default()
+    };
+    let _ = run_case(
+        &Cases::own(),
+        &format!("own/{}/{id}", mode.as_str()),
+        id,
+        opts,
+    );
+}
+
+fn run_case(cases: &Cases, test: &str, id: &str, opts: RigOptions) -> Option<Rig> {
     let scenario = cases.scenario(id).clone();
     let mut rig = Rig::build(test, &scenario, opts)?;
     rig.program();
