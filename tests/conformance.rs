@@ -463,7 +463,7 @@ mod iptables_mode {
 }
 
 /// Switchyard's own scenarios (`tests/conformance/own-cases.json`: topology hints,
-/// dual-stack, UDP through every front end), in both modes.
+/// dual-stack, UDP through every front end, loadBalancerSourceRanges), in both modes.
 mod own_cases {
     use super::*;
 
@@ -499,6 +499,7 @@ mod own_cases {
         topology_hints => "own-topology-hints",
         dual_stack => "own-dual-stack",
         udp_frontends => "own-udp-frontends",
+        lb_source_ranges => "own-lb-source-ranges",
     }
 }
 

@@ -40,6 +40,12 @@ fn snapshot() -> Snapshot {
     svc.node_port = 30080;
     svc.external_ips = vec![ip("192.168.99.11")];
     svc.load_balancer_ips = vec![ip("203.0.113.7")];
+    // One range holds the node's address: the load-balancer IP is admitted as a source too.
+    svc.load_balancer_source_ranges = vec![
+        "198.51.100.0/24".parse().unwrap(),
+        "198.51.100.128/25".parse().unwrap(),
+        format!("{}/16", s.node.node_ips[0]).parse().unwrap(),
+    ];
     let udp = ServicePortName::new("bench", "dns", "dns", Protocol::Udp);
     let mut dns = ServicePort::cluster(udp.clone(), ip("172.16.0.53"), 53);
     dns.node_port = 30053;
@@ -155,6 +161,17 @@ fn netlink_reads_what_nft_lists_and_what_was_written() {
     assert!(v4.sets[layout::MAP_NODEPORT_BACKENDS]
         .elements
         .contains_key("udp . 30053 . 0"));
+    let allow = &v4.sets[layout::SET_FIREWALL_ALLOW].elements;
+    for key in [
+        "203.0.113.7 . tcp . 80 . 198.51.100.0/24",
+        "203.0.113.7 . tcp . 80 . 203.0.113.7",
+    ] {
+        assert!(
+            allow.contains_key(key),
+            "firewall-allow holds {key}: {allow:?}"
+        );
+    }
+    assert_eq!(allow.len(), 3, "nested ranges merged: {allow:?}");
     // externalTrafficPolicy Local: the short-circuit maps read back too.
     for (map, key) in [
         (layout::MAP_SHORTCUT_IPS, "203.0.113.53 . udp . 53"),

@@ -86,6 +86,11 @@ pub fn external_chain(name: &ServicePortName) -> String {
     format!("KUBE-EXT-{}", port_proto_hash(name))
 }
 
+/// `KUBE-FW-…`: the loadBalancerSourceRanges check in front of `KUBE-EXT-…`.
+pub fn firewall_chain(name: &ServicePortName) -> String {
+    format!("KUBE-FW-{}", port_proto_hash(name))
+}
+
 /// An endpoint as kube-proxy prints it: `ip:port`, `[ip6]:port`.
 pub fn endpoint_string(ip: IpAddr, port: u16) -> String {
     std::net::SocketAddr::new(ip, port).to_string()

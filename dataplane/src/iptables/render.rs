@@ -5,11 +5,13 @@
 //! nat KUBE-SERVICES  -d clusterIP --dport p -j KUBE-SVC-x | KUBE-SVL-x   (ITP)
 //!                    -d externalIP|lbIP --dport p -j KUBE-EXT-x
 //!                    <node port addresses> -j KUBE-NODEPORTS               (last rule)
+//! KUBE-FW-x          (lbIP with loadBalancerSourceRanges) -s range -j KUBE-EXT-x
 //! KUBE-EXT-x         mark masquerade (Cluster) | short-circuit pods and the node (Local)
 //!                    -j KUBE-SVC-x | KUBE-SVL-x                           (ETP)
 //! KUBE-SVC-x         masquerade off-cluster sources; -m statistic 1/n, 1/(n-1).. -j KUBE-SEP-y
 //! KUBE-SEP-y         hairpin masquerade; DNAT --to-destination ip:port
-//! filter             REJECT "has no endpoints", DROP "has no local endpoints"
+//! filter             REJECT "has no endpoints", DROP "has no local endpoints",
+//!                    KUBE-PROXY-FIREWALL DROP what KUBE-FW-x did not let through
 //! ```
 
 use super::names::{self, *};
@@ -389,6 +391,33 @@ impl PortRenderer<'_> {
             rules: vec![cluster_rule],
         });
 
+        let ranges = disjoint_cidrs(&svc.load_balancer_source_ranges, self.family);
+        let lb_ips: Vec<IpAddr> = svc
+            .load_balancer_ips
+            .iter()
+            .copied()
+            .filter(|ip| IpFamily::of(ip) == self.family)
+            .collect();
+        let fw_chain = names::firewall_chain(&svc.name);
+        let uses_fw = has_endpoints && !lb_ips.is_empty() && !ranges.is_empty();
+        if uses_fw {
+            let c = comment(&format!("{spn} loadbalancer IP"));
+            let mut rules: Vec<String> = ranges
+                .iter()
+                .map(|r| format!("{c} -s {r} -j {ext_chain}"))
+                .collect();
+            // A node reaching a VIP bound on itself sends from the VIP.
+            let node_ip = self.node.primary_ip(self.family);
+            if node_ip.is_some_and(|n| ranges.iter().any(|r| r.contains(n))) {
+                rules.extend(
+                    lb_ips
+                        .iter()
+                        .map(|ip| format!("{c} -s {} -j {ext_chain}", host(*ip))),
+                );
+            }
+            out.chains.insert(fw_chain.clone(), rules);
+        }
+
         let mut seen = BTreeSet::from([svc.cluster_ip]);
         let ext_ips = svc.external_ips.iter().map(|ip| (ip, "external IP"));
         let lb_ips = svc
@@ -400,13 +429,23 @@ impl PortRenderer<'_> {
                 continue;
             }
             let mut rules = Vec::new();
+            let firewalled = uses_fw && what == "loadbalancer IP";
             if has_endpoints {
+                let to = if firewalled { &fw_chain } else { &ext_chain };
                 rules.push((
                     TableName::Nat,
                     SERVICES,
+                    format!("{} {} -j {to}", comment(&format!("{spn} {what}")), dst(*ip)),
+                ));
+            }
+            if firewalled {
+                // What KUBE-FW-x did not DNAT still has the load-balancer IP here.
+                rules.push((
+                    TableName::Filter,
+                    PROXY_FIREWALL,
                     format!(
-                        "{} {} -j {ext_chain}",
-                        comment(&format!("{spn} {what}")),
+                        "{} {} -j DROP",
+                        comment(&format!("{spn} traffic not accepted by {fw_chain}")),
                         dst(*ip)
                     ),
                 ));

@@ -7,7 +7,7 @@
 //! layout this module does not know, still go through `nft -f`.
 
 use super::netlink::*;
-use super::skeleton::{SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS};
+use super::skeleton::{SET_FIREWALL_ALLOW, SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS};
 use super::state::TABLE;
 use super::transaction::{Op, Transaction};
 use crate::model::IpFamily;
@@ -128,8 +128,9 @@ fn element_messages(
     items: &[(&str, Option<&str>)],
     delete: bool,
 ) -> Option<()> {
-    // Interval sets take start and end elements; they change only with the node.
-    if set == SET_SERVICE_CIDRS || set == SET_NODEPORT_ADDRS {
+    // Interval sets take start and end elements (or key ends); they change only with the
+    // node or a service's source ranges, so nft writes them.
+    if set == SET_SERVICE_CIDRS || set == SET_NODEPORT_ADDRS || set == SET_FIREWALL_ALLOW {
         return None;
     }
     let layout = Fields::of(set, family);

@@ -21,8 +21,8 @@ use super::ownership::{self, FamilyIndex, Index, Record, Touched};
 pub use super::skeleton::{
     cidr_text, disjoint_cidrs, MAP_BACKENDS, MAP_NODEPORT_BACKENDS, MAP_NODEPORT_SHORTCUT_BACKENDS,
     MAP_NO_ENDPOINT_NODEPORTS, MAP_NO_ENDPOINT_SERVICES, MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS,
-    MAP_SHORTCUT_BACKENDS, MAP_SHORTCUT_IPS, MAP_SHORTCUT_NODEPORTS, SET_CLUSTER_IPS, SET_HAIRPIN,
-    SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS,
+    MAP_SHORTCUT_BACKENDS, MAP_SHORTCUT_IPS, MAP_SHORTCUT_NODEPORTS, SET_CLUSTER_IPS,
+    SET_FIREWALL_ALLOW, SET_FIREWALL_IPS, SET_HAIRPIN, SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS,
 };
 use super::skeleton::{lb_chain, skeleton, LbKind};
 use super::state::{Ruleset, Set, Table};
@@ -121,6 +121,8 @@ struct Frontend {
     external: bool,
     /// Under externalTrafficPolicy Local: where pods and the node reach every endpoint.
     shortcut: Option<Shortcut>,
+    /// A load-balancer IP with loadBalancerSourceRanges: the sources it admits.
+    firewall: Option<Vec<String>>,
 }
 
 /// The maps and chain kind of a front end's short-circuit to all endpoints.
@@ -141,9 +143,35 @@ fn is_backends_map(set: &str) -> bool {
     .contains(&set)
 }
 
+/// The sources a load-balancer IP of `svc` admits, if it has loadBalancerSourceRanges in
+/// `family`: the ranges, and, when one holds the node's primary address, the load-balancer
+/// IPs themselves (a node reaching a VIP bound on itself sends from the VIP).
+fn firewall_sources(svc: &ServicePort, node: &NodeConfig, family: IpFamily) -> Option<Vec<String>> {
+    let ranges = disjoint_cidrs(&svc.load_balancer_source_ranges, family);
+    if ranges.is_empty() || svc.load_balancer_ips.is_empty() {
+        return None;
+    }
+    let mut sources = ranges.clone();
+    let node_ip = node.primary_ip(family);
+    if node_ip.is_some_and(|n| ranges.iter().any(|r| r.contains(n))) {
+        sources.extend(
+            svc.load_balancer_ips
+                .iter()
+                .filter(|ip| IpFamily::of(ip) == family)
+                .map(|ip| ipnetwork::IpNetwork::from(*ip)),
+        );
+    }
+    Some(
+        disjoint_cidrs(&sources, family)
+            .iter()
+            .map(cidr_text)
+            .collect(),
+    )
+}
+
 /// The front ends of a service port in `family`: its cluster IP, its external and
 /// load-balancer IPs, its node port.
-fn frontends(svc: &ServicePort, family: IpFamily) -> Vec<Frontend> {
+fn frontends(svc: &ServicePort, node: &NodeConfig, family: IpFamily) -> Vec<Frontend> {
     let proto = svc.name.protocol;
     let local_policy = svc.external_traffic_policy == TrafficPolicy::Local;
     let mut out = vec![Frontend {
@@ -154,6 +182,7 @@ fn frontends(svc: &ServicePort, family: IpFamily) -> Vec<Frontend> {
         kind: LbKind::Cluster,
         external: false,
         shortcut: None,
+        firewall: None,
     }];
     let mut ext_ips: Vec<IpAddr> = svc
         .external_ips
@@ -164,6 +193,7 @@ fn frontends(svc: &ServicePort, family: IpFamily) -> Vec<Frontend> {
         .collect();
     ext_ips.sort();
     ext_ips.dedup();
+    let allowed = firewall_sources(svc, node, family);
     for ip in ext_ips {
         out.push(Frontend {
             key: format!("{ip} . {proto} . {}", svc.port),
@@ -181,6 +211,10 @@ fn frontends(svc: &ServicePort, family: IpFamily) -> Vec<Frontend> {
                 backends: MAP_SHORTCUT_BACKENDS,
                 kind: LbKind::Shortcut,
             }),
+            firewall: allowed
+                .as_ref()
+                .filter(|_| svc.load_balancer_ips.contains(&ip))
+                .cloned(),
         });
     }
     if svc.node_port != 0 {
@@ -200,6 +234,8 @@ fn frontends(svc: &ServicePort, family: IpFamily) -> Vec<Frontend> {
                 backends: MAP_NODEPORT_SHORTCUT_BACKENDS,
                 kind: LbKind::NodePortShortcut,
             }),
+            // As in kube-proxy, node ports are not subject to loadBalancerSourceRanges.
+            firewall: None,
         });
     }
     out
@@ -363,6 +399,13 @@ impl<'a> Builder<'a> {
             ));
             return;
         }
+        if let Some(sources) = &fe.firewall {
+            // Whether or not the service has endpoints, as kube-proxy's nftables mode.
+            self.put_owned(rec, SET_FIREWALL_IPS, fe.key.clone(), None);
+            for src in sources {
+                self.put_owned(rec, SET_FIREWALL_ALLOW, format!("{} . {src}", fe.key), None);
+            }
+        }
         if eps.is_empty() {
             // As kube-proxy's nftables mode: with no local endpoint, pods and the node are
             // dropped too (its iptables mode would still short-circuit them).
@@ -396,7 +439,7 @@ impl<'a> Builder<'a> {
             rec.no_local.external = 1;
         }
         self.put_shared(&mut rec, SET_CLUSTER_IPS, svc.cluster_ip.to_string());
-        for fe in frontends(svc, self.family) {
+        for fe in frontends(svc, self.node, self.family) {
             let eps = if fe.external { &external } else { &internal };
             self.frontend(svc, fe, eps, &sel.cluster, has_any, &mut rec);
         }
@@ -552,7 +595,7 @@ fn updatable(
     let mut claimed: HashSet<(&'static str, String)> = HashSet::new();
     for (ns, name) in changed {
         for svc in snapshot_ports(snapshot, ns, name, family) {
-            for fe in frontends(svc, family) {
+            for fe in frontends(svc, &snapshot.node, family) {
                 let held = |map: &str| {
                     table
                         .sets

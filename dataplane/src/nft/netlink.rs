@@ -58,6 +58,7 @@ pub(super) const NFTA_LIST_ELEM: u16 = 1;
 pub(super) const NFTA_SET_ELEM_KEY: u16 = 1;
 pub(super) const NFTA_SET_ELEM_DATA: u16 = 2;
 const NFTA_SET_ELEM_FLAGS: u16 = 3;
+const NFTA_SET_ELEM_KEY_END: u16 = 10;
 pub(super) const NFTA_DATA_VALUE: u16 = 1;
 pub(super) const NFTA_DATA_VERDICT: u16 = 2;
 pub(super) const NFTA_VERDICT_CODE: u16 = 1;
@@ -367,6 +368,9 @@ impl Reader {
             )?;
             let layout = Fields::of(&name, family);
             let mut raw: Vec<(Vec<u8>, Option<String>, bool)> = Vec::new();
+            // A concatenation with ranges (pipapo): each element carries its inclusive end.
+            let ranged = intervals.contains(&name) && layout.key.len() > 1;
+            let mut ranges = BTreeMap::new();
             for body in replies {
                 let Some(list) = find(&body, NFTA_SET_ELEM_LIST_ELEMENTS) else {
                     continue;
@@ -381,10 +385,22 @@ impl Reader {
                         .is_some_and(|f| f & NFT_SET_ELEM_INTERVAL_END != 0);
                     let value = find(elem.data, NFTA_SET_ELEM_DATA)
                         .map(|d| data_text(d, &layout.value, layout.addr_len));
+                    if ranged {
+                        let last = find(elem.data, NFTA_SET_ELEM_KEY_END)
+                            .and_then(|k| find(k, NFTA_DATA_VALUE))
+                            .unwrap_or(&key);
+                        ranges.insert(
+                            ranged_text(&key, last, &layout.key, layout.addr_len, family),
+                            value,
+                        );
+                        continue;
+                    }
                     raw.push((key, value, end));
                 }
             }
-            let elements = if intervals.contains(&name) {
+            let elements = if ranged {
+                ranges
+            } else if intervals.contains(&name) {
                 interval_elements(raw, family)
             } else {
                 raw.into_iter()
@@ -463,9 +479,10 @@ impl Fields {
         let (key, value): (Vec<Field>, Vec<Field>) = match set {
             SET_CLUSTER_IPS | SET_SERVICE_CIDRS | SET_NODEPORT_ADDRS => (vec![Addr], vec![]),
             SET_HAIRPIN => (vec![Addr, Addr], vec![]),
-            MAP_SERVICE_IPS | MAP_NO_ENDPOINT_SERVICES | MAP_SHORTCUT_IPS => {
+            MAP_SERVICE_IPS | MAP_NO_ENDPOINT_SERVICES | MAP_SHORTCUT_IPS | SET_FIREWALL_IPS => {
                 (vec![Addr, Proto, Port], vec![])
             }
+            SET_FIREWALL_ALLOW => (vec![Addr, Proto, Port, Addr], vec![]),
             MAP_SERVICE_NODEPORTS | MAP_NO_ENDPOINT_NODEPORTS | MAP_SHORTCUT_NODEPORTS => {
                 (vec![Proto, Port], vec![])
             }
@@ -573,6 +590,63 @@ fn from_u128(v: u128, family: IpFamily) -> IpAddr {
     }
 }
 
+/// One range of addresses as nft prints it: a prefix as `addr/len`, a single address bare,
+/// anything else as `first-last`.
+fn range_text(start: u128, last: u128, family: IpFamily) -> String {
+    let (bits, max): (u32, u128) = match family {
+        IpFamily::V4 => (32, u32::MAX as u128),
+        IpFamily::V6 => (128, u128::MAX),
+    };
+    let size = last.wrapping_sub(start);
+    if size == 0 {
+        from_u128(start, family).to_string()
+    } else if start == 0 && last == max {
+        format!("{}/0", from_u128(0, family))
+    } else if (size.wrapping_add(1)).is_power_of_two() && start & size == 0 {
+        let len = bits - (size.wrapping_add(1)).trailing_zeros();
+        format!("{}/{len}", from_u128(start, family))
+    } else {
+        format!("{}-{}", from_u128(start, family), from_u128(last, family))
+    }
+}
+
+/// A concatenation with per-field ranges (`key` to the inclusive `last`), as nft prints it:
+/// equal fields once, address ranges as [`range_text`]; unknown layouts as hex.
+fn ranged_text(
+    key: &[u8],
+    last: &[u8],
+    fields: &[Field],
+    addr_len: usize,
+    family: IpFamily,
+) -> String {
+    let mut parts = Vec::new();
+    let mut at = 0;
+    for f in fields {
+        let width = match f {
+            Field::Addr => addr_len,
+            _ => 4,
+        };
+        let (Some(a), Some(b)) = (key.get(at..at + width), last.get(at..at + width)) else {
+            return format!("{}-{}", hex(key), hex(last));
+        };
+        let text = match (f, a == b) {
+            (_, true) => fields_text(a, &[*f], addr_len),
+            (Field::Addr, false) => match (to_u128(a), to_u128(b)) {
+                (Some(s), Some(e)) => range_text(s, e, family),
+                _ => return format!("{}-{}", hex(key), hex(last)),
+            },
+            _ => format!(
+                "{}-{}",
+                fields_text(a, &[*f], addr_len),
+                fields_text(b, &[*f], addr_len)
+            ),
+        };
+        parts.push(text);
+        at += width.div_ceil(4) * 4;
+    }
+    parts.join(" . ")
+}
+
 /// Pair interval starts with their (exclusive) ends and print each range as nft does: a
 /// prefix as `addr/len`, a single address bare, anything else as `first-last`.
 fn interval_elements(
@@ -609,17 +683,7 @@ fn interval_elements(
             }
             _ => max,
         };
-        let size = last - start;
-        let text = if size == 0 {
-            from_u128(start, family).to_string()
-        } else if (size.wrapping_add(1)).is_power_of_two() && start & size == 0 {
-            let len = bits - (size.wrapping_add(1)).trailing_zeros();
-            format!("{}/{len}", from_u128(start, family))
-        } else if start == 0 && last == max {
-            format!("{}/0", from_u128(0, family))
-        } else {
-            format!("{}-{}", from_u128(start, family), from_u128(last, family))
-        };
+        let text = range_text(start, last, family);
         out.insert(text, None);
     }
     out

@@ -22,6 +22,10 @@ pub const MAP_SHORTCUT_IPS: &str = "shortcut-ips";
 pub const MAP_SHORTCUT_NODEPORTS: &str = "shortcut-nodeports";
 pub const MAP_SHORTCUT_BACKENDS: &str = "shortcut-backends";
 pub const MAP_NODEPORT_SHORTCUT_BACKENDS: &str = "nodeport-shortcut-backends";
+/// loadBalancerSourceRanges: load-balancer front ends with ranges, and the sources each one
+/// admits (`lbip . proto . port . source range`).
+pub const SET_FIREWALL_IPS: &str = "firewall-ips";
+pub const SET_FIREWALL_ALLOW: &str = "firewall-allow";
 
 /// Family-specific words.
 struct Words {
@@ -200,6 +204,12 @@ pub fn skeleton(node: &NodeConfig, family: IpFamily) -> Table {
                 f = w.fam
             ),
         ),
+        (SET_FIREWALL_IPS, false, format!("type {fe_key};")),
+        (
+            SET_FIREWALL_ALLOW,
+            false,
+            format!("type {fe_key} . {at}; flags interval;"),
+        ),
         (MAP_SHORTCUT_IPS, true, format!("type {fe_key} : verdict;")),
         (MAP_SHORTCUT_NODEPORTS, true, format!("type {np_key} : verdict;")),
         (
@@ -248,10 +258,19 @@ pub fn skeleton(node: &NodeConfig, family: IpFamily) -> Table {
             format!("{new} jump service-endpoints-check"),
         ],
     );
+    // Before DNAT (dstnat - 10), where the destination is still the load-balancer IP.
+    chain(
+        "filter-prerouting",
+        base("filter", "prerouting", -110),
+        vec![format!("{new} jump firewall-check")],
+    );
     chain(
         "filter-output",
         base("filter", "output", -110),
-        vec![format!("{new} jump service-endpoints-check")],
+        vec![
+            format!("{new} jump firewall-check"),
+            format!("{new} jump service-endpoints-check"),
+        ],
     );
     // After nat-output's DNAT, so only packets that were not DNATed are checked.
     chain(
@@ -310,6 +329,14 @@ pub fn skeleton(node: &NodeConfig, family: IpFamily) -> Table {
         vec![format!(
             "{} meta l4proto . th dport vmap @{MAP_NO_ENDPOINT_NODEPORTS}",
             nodeport_match(node, family)
+        )],
+    );
+    chain(
+        "firewall-check",
+        None,
+        vec![format!(
+            "{f} daddr . meta l4proto . th dport @{SET_FIREWALL_IPS} {f} daddr . meta l4proto . th dport . {f} saddr != @{SET_FIREWALL_ALLOW} drop",
+            f = w.fam
         )],
     );
     chain("reject-chain", None, vec!["reject".into()]);
