@@ -473,6 +473,96 @@ fn run_in_iptables_mode_follows_edits_and_repairs_flushed_chains() {
         .contains("--to-destination 10.0.0.2:8080"));
 }
 
+/// A LoadBalancer service with externalTrafficPolicy Local and its health-check node port,
+/// one endpoint on `endpoint_node`; `None` leaves the service out.
+fn health_check_manifests(endpoint_node: Option<&str>) -> String {
+    let node = r#"
+apiVersion: v1
+kind: Node
+metadata: { name: node-a }
+status: { addresses: [{ type: InternalIP, address: 192.168.77.2 }] }
+"#;
+    let Some(on) = endpoint_node else {
+        return node.to_string();
+    };
+    format!(
+        r#"{node}---
+apiVersion: v1
+kind: Service
+metadata: {{ name: lb, namespace: shop }}
+spec:
+  type: LoadBalancer
+  clusterIP: 172.30.0.5
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 30555
+  ports: [{{ name: http, port: 80, nodePort: 30080 }}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: lb-1, namespace: shop, labels: {{ kubernetes.io/service-name: lb }} }}
+addressType: IPv4
+ports: [{{ name: http, port: 8080 }}]
+endpoints: [{{ addresses: [10.0.0.1], nodeName: {on} }}]
+"#
+    )
+}
+
+type Answer = std::io::Result<(u16, String)>;
+
+/// The health-check node port answers as kube-proxy's (200 or 503 with its JSON), only on
+/// the node addresses inside nodePortAddresses (the primary one by default), follows the
+/// local endpoints, and closes when the service goes.
+#[test]
+fn health_check_node_ports_follow_local_endpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.yaml");
+    write_atomically(&cluster, &health_check_manifests(Some("node-a")));
+    let Some(mut agent) = Agent::namespace("hcnp") else {
+        return;
+    };
+    agent.must("ip", &["addr", "add", "192.168.77.2/32", "dev", "lo"]);
+    agent.spawn(dir.path(), &["--manifests".as_ref(), cluster.as_os_str()]);
+    let hc = "192.168.77.2:30555";
+    let wait = |what: &str, pred: &dyn Fn(&Answer) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let got = agent.try_get(hc, "/any/path");
+            if pred(&got) {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: last {got:?}\n{}",
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let (status, body) = wait("200", &|r| matches!(r, Ok((200, _)))).unwrap();
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).expect("JSON body");
+    assert_eq!(
+        v,
+        json!({"service": {"namespace": "shop", "name": "lb"}, "localEndpoints": 1, "serviceProxyHealthy": true})
+    );
+    assert!(
+        agent.try_get("127.0.0.1:30555", "/").is_err(),
+        "only the node address inside nodePortAddresses listens"
+    );
+
+    write_atomically(&cluster, &health_check_manifests(Some("node-b")));
+    let (_, body) = wait("503", &|r| matches!(r, Ok((503, _)))).unwrap();
+    let v: Value = serde_json::from_str(&body).expect("JSON body");
+    assert_eq!(v["localEndpoints"], 0);
+    assert_eq!(v["serviceProxyHealthy"], true);
+
+    write_atomically(&cluster, &health_check_manifests(None));
+    let closed = wait("the port to close", &|r| r.is_err());
+    assert!(closed.is_err());
+    let status = agent.terminate();
+    assert!(status.success(), "{status:?}\n{}", agent.log());
+}
+
 #[test]
 fn run_refuses_a_bad_bind_address_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();

@@ -62,7 +62,7 @@ impl Health {
         }
     }
 
-    fn proxier_healthy(&self, now: SystemTime) -> bool {
+    pub fn proxier_healthy(&self, now: SystemTime) -> bool {
         match self.oldest_queued {
             None => true,
             Some(q) => now.duration_since(q).unwrap_or_default() < self.timeout,

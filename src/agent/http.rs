@@ -16,6 +16,8 @@ pub struct Reply {
     pub status: u16,
     pub content_type: &'static str,
     pub body: String,
+    /// More response headers.
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl Reply {
@@ -24,6 +26,7 @@ impl Reply {
             status,
             content_type: "application/json",
             body,
+            headers: Vec::new(),
         }
     }
 
@@ -32,6 +35,7 @@ impl Reply {
             status,
             content_type: "text/plain; charset=utf-8",
             body,
+            headers: Vec::new(),
         }
     }
 
@@ -77,6 +81,7 @@ fn answer(req: &Request<Incoming>, route: &Router) -> Response<Full<Bytes>> {
     } else {
         Reply::text(405, "method not allowed\n".into())
     };
+    let extra = reply.headers;
     let body = if req.method() == Method::HEAD {
         Bytes::new()
     } else {
@@ -93,5 +98,10 @@ fn answer(req: &Request<Incoming>, route: &Router) -> Response<Full<Bytes>> {
         "x-content-type-options",
         hyper::header::HeaderValue::from_static("nosniff"),
     );
+    for (name, value) in extra {
+        if let Ok(v) = hyper::header::HeaderValue::from_str(&value) {
+            headers.insert(name, v);
+        }
+    }
     resp
 }

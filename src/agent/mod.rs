@@ -8,6 +8,7 @@ pub mod http;
 pub mod kube_source;
 pub mod metrics;
 pub mod schedule;
+pub mod service_health;
 pub mod store;
 
 use crate::config::{ProxyConfig, ProxyMode};
@@ -136,6 +137,7 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
         next_canary: None,
         schedule: Schedule::new(cfg.min_sync_period, cfg.sync_period),
         metrics,
+        service_health: service_health::Servers::new(health.clone()),
         health,
         unsynced: Changes::default(),
         checked_tx,
@@ -191,6 +193,7 @@ fn metrics_router(metrics: Metrics) -> http::Router {
             status: 200,
             content_type: "text/plain; version=0.0.4; charset=utf-8",
             body: metrics.render(),
+            headers: Vec::new(),
         }),
         _ => None,
     })
@@ -257,6 +260,7 @@ struct Agent {
     checking: bool,
     /// Differences the last check found in a read that overlapped commits, to confirm.
     suspect: BTreeSet<String>,
+    service_health: service_health::Servers,
 }
 
 /// The kernel as a background read found it (and the generation it was read at, if no
@@ -352,7 +356,11 @@ impl Agent {
         let done = Instant::now();
         self.update_pending_gauges();
         match result {
-            Ok(report) => self.succeeded(report, done),
+            Ok(report) => {
+                self.succeeded(report, done);
+                // As kube-proxy: the health-check ports follow each successful sync.
+                self.service_health.reconcile(self.store.snapshot());
+            }
             Err(e) => self.failed(&e, done, full),
         }
     }
