@@ -7,6 +7,7 @@ use crate::manifests::{self, ManifestError};
 use crate::nodeaddr::Interfaces;
 use crate::snapshot::{self, Skipped};
 use dataplane::backend::{Backend, BackendError, Scope};
+use dataplane::conntrack::{self, Ctnetlink, UdpFrontends};
 use dataplane::iptables::exec::{IptablesCommand, IptablesError};
 use dataplane::iptables::IptablesBackend;
 use dataplane::model::Snapshot;
@@ -124,9 +125,20 @@ fn sync(args: &SyncArgs) -> Result<(), CommandError> {
     for c in &report.conflicts {
         tracing::warn!("{c}");
     }
+    let mut summary = report.summary();
+    // Without the last run's state, only flows through front ends that still exist are
+    // checked (the agent also clears those of deleted services).
+    let udp = UdpFrontends::of(&snap);
+    match Ctnetlink::open()
+        .and_then(|mut ct| conntrack::clean(&mut ct, &udp, &UdpFrontends::default()))
+    {
+        Ok(0) => {}
+        Ok(n) => summary.push_str(&format!("; {n} stale UDP conntrack entries deleted")),
+        Err(e) => tracing::warn!("UDP conntrack cleanup failed: {e}"),
+    }
     match peak_rss_mib() {
-        Some(mib) => println!("{}; peak RSS {mib:.1} MiB", report.summary()),
-        None => println!("{}", report.summary()),
+        Some(mib) => println!("{summary}; peak RSS {mib:.1} MiB"),
+        None => println!("{summary}"),
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod conntrack;
 pub mod iptables;
 pub mod model;
 pub mod nft;

@@ -15,6 +15,7 @@ use crate::config::{ProxyConfig, ProxyMode};
 use crate::manifests::ManifestError;
 use crate::nodeaddr::Interfaces;
 use dataplane::backend::{Backend, BackendError, Scope, SyncReport};
+use dataplane::conntrack::{self, Ctnetlink, UdpFrontends};
 use dataplane::iptables::exec::IptablesCommand;
 use dataplane::iptables::IptablesBackend;
 use dataplane::nft::exec::{read_kernel, NftCommand, NftError};
@@ -138,6 +139,7 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
         schedule: Schedule::new(cfg.min_sync_period, cfg.sync_period),
         metrics,
         service_health: service_health::Servers::new(health.clone()),
+        udp_frontends: UdpFrontends::default(),
         health,
         unsynced: Changes::default(),
         checked_tx,
@@ -261,6 +263,8 @@ struct Agent {
     /// Differences the last check found in a read that overlapped commits, to confirm.
     suspect: BTreeSet<String>,
     service_health: service_health::Servers,
+    /// The UDP front ends as of the last conntrack cleanup.
+    udp_frontends: UdpFrontends,
 }
 
 /// The kernel as a background read found it (and the generation it was read at, if no
@@ -357,9 +361,12 @@ impl Agent {
         self.update_pending_gauges();
         match result {
             Ok(report) => {
+                let full = report.full;
                 self.succeeded(report, done);
-                // As kube-proxy: the health-check ports follow each successful sync.
+                // As kube-proxy: the health-check ports and UDP conntrack follow each
+                // successful sync.
                 self.service_health.reconcile(self.store.snapshot());
+                self.clean_udp_conntrack(full);
             }
             Err(e) => self.failed(&e, done, full),
         }
@@ -445,6 +452,29 @@ impl Agent {
         } else {
             tracing::debug!("{}", report.summary());
         }
+    }
+
+    /// Delete UDP conntrack entries that no longer match their service's endpoints, when the
+    /// UDP front ends changed (or at a full sync). On failure the old front ends stay, so
+    /// the next sync tries again.
+    fn clean_udp_conntrack(&mut self, full: bool) {
+        let now = UdpFrontends::of(self.store.snapshot());
+        if !full && now == self.udp_frontends {
+            return;
+        }
+        let previous = &self.udp_frontends;
+        let result = tokio::task::block_in_place(|| {
+            Ctnetlink::open().and_then(|mut ct| conntrack::clean(&mut ct, &now, previous))
+        });
+        match result {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("deleted {n} stale UDP conntrack entries"),
+            Err(e) => {
+                tracing::warn!("UDP conntrack cleanup failed: {e}; retrying at the next sync");
+                return;
+            }
+        }
+        self.udp_frontends = now;
     }
 
     /// The background read of the periodic check is back: compare, and repair in full if

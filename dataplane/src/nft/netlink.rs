@@ -24,16 +24,16 @@ const NFT_MSG_GETSETELEM: u16 = 13;
 pub(super) const NFT_MSG_GETGEN: u16 = 16;
 
 pub(super) const NLM_F_REQUEST: u16 = 0x1;
-pub(super) const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
+pub(crate) const NLM_F_ACK: u16 = 0x4;
+pub(crate) const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_DUMP_INTR: u16 = 0x10;
 pub(super) const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 
 const RECV_BUFFER: usize = 1 << 16;
 
-pub(super) const NFPROTO_IPV4: u8 = 2;
-pub(super) const NFPROTO_IPV6: u8 = 10;
+pub(crate) const NFPROTO_IPV4: u8 = 2;
+pub(crate) const NFPROTO_IPV6: u8 = 10;
 
 // Attribute numbers from linux/netfilter/nf_tables.h.
 const NFTA_TABLE_NAME: u16 = 1;
@@ -86,12 +86,12 @@ pub enum NetlinkError {
 }
 
 /// One netlink attribute: its type (flags masked off) and payload.
-struct Attr<'a> {
-    kind: u16,
-    data: &'a [u8],
+pub(crate) struct Attr<'a> {
+    pub(crate) kind: u16,
+    pub(crate) data: &'a [u8],
 }
 
-fn attrs(mut buf: &[u8]) -> impl Iterator<Item = Attr<'_>> {
+pub(crate) fn attrs(mut buf: &[u8]) -> impl Iterator<Item = Attr<'_>> {
     std::iter::from_fn(move || {
         if buf.len() < 4 {
             return None;
@@ -107,7 +107,7 @@ fn attrs(mut buf: &[u8]) -> impl Iterator<Item = Attr<'_>> {
     })
 }
 
-pub(super) fn find(buf: &[u8], kind: u16) -> Option<&[u8]> {
+pub(crate) fn find(buf: &[u8], kind: u16) -> Option<&[u8]> {
     attrs(buf).find(|a| a.kind == kind).map(|a| a.data)
 }
 
@@ -137,7 +137,7 @@ fn udata_comment(data: &[u8], kind: u8) -> String {
     String::new()
 }
 
-pub(super) fn push_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
+pub(crate) fn push_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
     let len = 4 + value.len();
     buf.extend_from_slice(&(len as u16).to_ne_bytes());
     buf.extend_from_slice(&kind.to_ne_bytes());
@@ -197,10 +197,24 @@ impl Reader {
         Ok(Reader { socket, seq: 0 })
     }
 
-    /// Send one request; collect the payloads (after the nfgenmsg header) of every reply.
+    /// Send one nf_tables request; collect the payloads (after the nfgenmsg header) of
+    /// every reply.
     pub(super) fn request(
         &mut self,
         what: &str,
+        msg: u16,
+        flags: u16,
+        family: u8,
+        attrs_buf: &[u8],
+    ) -> Result<Vec<Vec<u8>>, NetlinkError> {
+        self.request_to(what, NFNL_SUBSYS_NFTABLES, msg, flags, family, attrs_buf)
+    }
+
+    /// [`Self::request`] to any nfnetlink subsystem (ctnetlink for conntrack).
+    pub(crate) fn request_to(
+        &mut self,
+        what: &str,
+        subsys: u16,
         msg: u16,
         flags: u16,
         family: u8,
@@ -211,7 +225,7 @@ impl Reader {
         let mut buf = Vec::with_capacity(32 + attrs_buf.len());
         message(
             &mut buf,
-            (NFNL_SUBSYS_NFTABLES << 8) | msg,
+            (subsys << 8) | msg,
             NLM_F_REQUEST | flags,
             seq,
             family,

@@ -1,0 +1,388 @@
+//! UDP conntrack cleanup. UDP has no connection end, so a conntrack entry keeps sending a
+//! client's datagrams where the entry points: to an endpoint that is gone, or (when the
+//! service had no endpoints, or no rules yet) past the service altogether. After a sync,
+//! the entries whose original destination is a UDP front end and whose NAT no longer
+//! matches that front end's endpoints are deleted, as kube-proxy does.
+//!
+//! Which entries are stale is pure ([`UdpFrontends`], [`UdpFrontends::stale`]); the kernel
+//! is reached over ctnetlink behind [`Conntrack`] ([`Ctnetlink`] is the real one). The
+//! `rtnetlink` crate has no conntrack messages and shelling out to `conntrack` costs a
+//! process per entry, so the few messages needed are written here on the nfnetlink socket
+//! the nftables reader already uses.
+
+use crate::model::{IpFamily, Protocol, Snapshot};
+use crate::nft::netlink::{
+    find, push_attr, NetlinkError, Reader, NFPROTO_IPV4, NFPROTO_IPV6, NLM_F_ACK, NLM_F_DUMP,
+};
+use crate::selection;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// One UDP conntrack entry: where the client sent, and where replies come from (the
+/// endpoint, when the flow was DNATed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Flow {
+    pub source: SocketAddr,
+    pub destination: SocketAddr,
+    pub reply_source: SocketAddr,
+    pub zone: u16,
+}
+
+impl Flow {
+    fn dnat(&self) -> bool {
+        self.reply_source != self.destination
+    }
+}
+
+/// Where UDP service traffic may go now: per front end (cluster, external and
+/// load-balancer IPs with the port), and per node port, the endpoints it may reach.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UdpFrontends {
+    pub addresses: BTreeMap<SocketAddr, BTreeSet<SocketAddr>>,
+    pub node_ports: BTreeMap<(IpFamily, u16), BTreeSet<SocketAddr>>,
+    /// Node addresses: the destinations that can carry node-port traffic.
+    pub node_ips: BTreeSet<IpAddr>,
+}
+
+impl UdpFrontends {
+    pub fn of(snapshot: &Snapshot) -> UdpFrontends {
+        let mut out = UdpFrontends {
+            node_ips: snapshot.node.node_ips.iter().copied().collect(),
+            ..UdpFrontends::default()
+        };
+        for ((name, family), svc) in &snapshot.services {
+            if name.protocol != Protocol::Udp {
+                continue;
+            }
+            let sel = selection::select(&snapshot.node, svc, snapshot.endpoints_of(name));
+            let reachable: BTreeSet<SocketAddr> = sel
+                .cluster
+                .iter()
+                .chain(sel.local.iter())
+                .map(|e| SocketAddr::new(e.ip, e.port))
+                .collect();
+            let ips = std::iter::once(svc.cluster_ip)
+                .chain(svc.external_ips.iter().copied())
+                .chain(svc.load_balancer_ips.iter().copied())
+                .filter(|ip| IpFamily::of(ip) == *family);
+            for ip in ips {
+                out.addresses
+                    .entry(SocketAddr::new(ip, svc.port))
+                    .or_default()
+                    .extend(reachable.iter().copied());
+            }
+            if svc.node_port != 0 {
+                out.node_ports
+                    .entry((*family, svc.node_port))
+                    .or_default()
+                    .extend(reachable.iter().copied());
+            }
+        }
+        out
+    }
+
+    /// The endpoints a flow to `dst` may reach now; `None` when `dst` is no front end.
+    fn endpoints_for(&self, dst: SocketAddr) -> Option<&BTreeSet<SocketAddr>> {
+        if let Some(e) = self.addresses.get(&dst) {
+            return Some(e);
+        }
+        let family = IpFamily::of(&dst.ip());
+        if self.node_ips.contains(&dst.ip()) {
+            return self.node_ports.get(&(family, dst.port()));
+        }
+        None
+    }
+
+    /// The flows to delete: DNATed to an endpoint the front end no longer has, or not
+    /// DNATed to a front end that has endpoints now. `previous` are the front ends of the
+    /// last cleanup: a flow DNATed through a front end that is gone since is stale too.
+    pub fn stale<'f>(&self, previous: &UdpFrontends, flows: &'f [Flow]) -> Vec<&'f Flow> {
+        flows
+            .iter()
+            .filter(|f| match self.endpoints_for(f.destination) {
+                Some(eps) if f.dnat() => !eps.contains(&f.reply_source),
+                Some(eps) => !eps.is_empty(),
+                None => f.dnat() && previous.endpoints_for(f.destination).is_some(),
+            })
+            .collect()
+    }
+}
+
+/// The kernel's conntrack table, UDP entries only.
+pub trait Conntrack {
+    fn udp_flows(&mut self, family: IpFamily) -> Result<Vec<Flow>, NetlinkError>;
+    /// Delete one entry; one already gone is no error.
+    fn delete(&mut self, flow: &Flow) -> Result<(), NetlinkError>;
+}
+
+/// Delete the stale UDP flows of every family; returns how many went.
+pub fn clean(
+    ct: &mut dyn Conntrack,
+    now: &UdpFrontends,
+    previous: &UdpFrontends,
+) -> Result<usize, NetlinkError> {
+    let mut deleted = 0;
+    for family in IpFamily::ALL {
+        let flows = ct.udp_flows(family)?;
+        for f in now.stale(previous, &flows) {
+            ct.delete(f)?;
+            deleted += 1;
+        }
+    }
+    Ok(deleted)
+}
+
+// linux/netfilter/nfnetlink_conntrack.h
+const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+const IPCTNL_MSG_CT_GET: u16 = 1;
+const IPCTNL_MSG_CT_DELETE: u16 = 2;
+const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_TUPLE_REPLY: u16 = 2;
+const CTA_ZONE: u16 = 18;
+const CTA_TUPLE_IP: u16 = 1;
+const CTA_TUPLE_PROTO: u16 = 2;
+const CTA_IP_V4_SRC: u16 = 1;
+const CTA_IP_V4_DST: u16 = 2;
+const CTA_IP_V6_SRC: u16 = 3;
+const CTA_IP_V6_DST: u16 = 4;
+const CTA_PROTO_NUM: u16 = 1;
+const CTA_PROTO_SRC_PORT: u16 = 2;
+const CTA_PROTO_DST_PORT: u16 = 3;
+const NLA_F_NESTED: u16 = 0x8000;
+const IPPROTO_UDP: u8 = 17;
+const ENOENT: i32 = 2;
+
+fn nfproto(family: IpFamily) -> u8 {
+    match family {
+        IpFamily::V4 => NFPROTO_IPV4,
+        IpFamily::V6 => NFPROTO_IPV6,
+    }
+}
+
+fn addr(data: &[u8]) -> Option<IpAddr> {
+    match data.len() {
+        4 => Some(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(data).ok()?))),
+        16 => Some(IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(data).ok()?))),
+        _ => None,
+    }
+}
+
+fn be16(data: &[u8]) -> Option<u16> {
+    Some(u16::from_be_bytes(data.get(..2)?.try_into().ok()?))
+}
+
+/// (protocol, source, destination) of a CTA_TUPLE_* attribute.
+fn tuple(data: &[u8]) -> Option<(u8, SocketAddr, SocketAddr)> {
+    let ip = find(data, CTA_TUPLE_IP)?;
+    let proto = find(data, CTA_TUPLE_PROTO)?;
+    let (src, dst) = match (find(ip, CTA_IP_V4_SRC), find(ip, CTA_IP_V4_DST)) {
+        (Some(s), Some(d)) => (addr(s)?, addr(d)?),
+        _ => (
+            addr(find(ip, CTA_IP_V6_SRC)?)?,
+            addr(find(ip, CTA_IP_V6_DST)?)?,
+        ),
+    };
+    let num = *find(proto, CTA_PROTO_NUM)?.first()?;
+    let sport = find(proto, CTA_PROTO_SRC_PORT).and_then(be16).unwrap_or(0);
+    let dport = find(proto, CTA_PROTO_DST_PORT).and_then(be16).unwrap_or(0);
+    Some((
+        num,
+        SocketAddr::new(src, sport),
+        SocketAddr::new(dst, dport),
+    ))
+}
+
+/// A UDP flow from one entry of a conntrack dump; `None` for other protocols.
+fn parse_flow(body: &[u8]) -> Option<Flow> {
+    let (proto, source, destination) = tuple(find(body, CTA_TUPLE_ORIG)?)?;
+    if proto != IPPROTO_UDP {
+        return None;
+    }
+    let (_, reply_source, _) = tuple(find(body, CTA_TUPLE_REPLY)?)?;
+    let zone = find(body, CTA_ZONE).and_then(be16).unwrap_or(0);
+    Some(Flow {
+        source,
+        destination,
+        reply_source,
+        zone,
+    })
+}
+
+/// The CTA_TUPLE_ORIG that names a flow for deletion.
+fn delete_attrs(f: &Flow) -> Vec<u8> {
+    let mut ip = Vec::new();
+    match (f.source.ip(), f.destination.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            push_attr(&mut ip, CTA_IP_V4_SRC, &s.octets());
+            push_attr(&mut ip, CTA_IP_V4_DST, &d.octets());
+        }
+        (s, d) => {
+            let v6 = |a: IpAddr| match a {
+                IpAddr::V6(a) => a.octets(),
+                IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+            };
+            push_attr(&mut ip, CTA_IP_V6_SRC, &v6(s));
+            push_attr(&mut ip, CTA_IP_V6_DST, &v6(d));
+        }
+    }
+    let mut proto = Vec::new();
+    push_attr(&mut proto, CTA_PROTO_NUM, &[IPPROTO_UDP]);
+    push_attr(
+        &mut proto,
+        CTA_PROTO_SRC_PORT,
+        &f.source.port().to_be_bytes(),
+    );
+    push_attr(
+        &mut proto,
+        CTA_PROTO_DST_PORT,
+        &f.destination.port().to_be_bytes(),
+    );
+    let mut tuple = Vec::new();
+    push_attr(&mut tuple, CTA_TUPLE_IP | NLA_F_NESTED, &ip);
+    push_attr(&mut tuple, CTA_TUPLE_PROTO | NLA_F_NESTED, &proto);
+    let mut out = Vec::new();
+    push_attr(&mut out, CTA_TUPLE_ORIG | NLA_F_NESTED, &tuple);
+    if f.zone != 0 {
+        push_attr(&mut out, CTA_ZONE, &f.zone.to_be_bytes());
+    }
+    out
+}
+
+/// Conntrack over ctnetlink, in the calling thread's network namespace.
+pub struct Ctnetlink {
+    socket: Reader,
+}
+
+impl Ctnetlink {
+    pub fn open() -> Result<Ctnetlink, NetlinkError> {
+        Ok(Ctnetlink {
+            socket: Reader::open()?,
+        })
+    }
+}
+
+impl Conntrack for Ctnetlink {
+    fn udp_flows(&mut self, family: IpFamily) -> Result<Vec<Flow>, NetlinkError> {
+        let bodies = self.socket.request_to(
+            "conntrack dump",
+            NFNL_SUBSYS_CTNETLINK,
+            IPCTNL_MSG_CT_GET,
+            NLM_F_DUMP,
+            nfproto(family),
+            &[],
+        )?;
+        Ok(bodies.iter().filter_map(|b| parse_flow(b)).collect())
+    }
+
+    fn delete(&mut self, flow: &Flow) -> Result<(), NetlinkError> {
+        let family = IpFamily::of(&flow.destination.ip());
+        match self.socket.request_to(
+            "conntrack delete",
+            NFNL_SUBSYS_CTNETLINK,
+            IPCTNL_MSG_CT_DELETE,
+            NLM_F_ACK,
+            nfproto(family),
+            &delete_attrs(flow),
+        ) {
+            Err(NetlinkError::Kernel { errno: ENOENT, .. }) | Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::*;
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn flow(src: &str, dst: &str, reply: &str) -> Flow {
+        Flow {
+            source: sa(src),
+            destination: sa(dst),
+            reply_source: sa(reply),
+            zone: 0,
+        }
+    }
+
+    fn snapshot(endpoints: &[&str]) -> Snapshot {
+        let mut s = Snapshot::default();
+        s.node.node_ips = vec!["192.168.0.2".parse().unwrap()];
+        let name = ServicePortName::new("ns", "dns", "dns", Protocol::Udp);
+        let mut svc = ServicePort::cluster(name.clone(), "172.30.0.10".parse().unwrap(), 53);
+        svc.node_port = 30053;
+        svc.load_balancer_ips = vec!["1.2.3.4".parse().unwrap()];
+        s.services.insert((name.clone(), IpFamily::V4), svc);
+        s.endpoints.insert(
+            name,
+            endpoints
+                .iter()
+                .map(|e| Endpoint::ready(e.parse().unwrap(), 5353))
+                .collect(),
+        );
+        let tcp = ServicePortName::new("ns", "web", "", Protocol::Tcp);
+        s.services.insert(
+            (tcp.clone(), IpFamily::V4),
+            ServicePort::cluster(tcp, "172.30.0.11".parse().unwrap(), 53),
+        );
+        s
+    }
+
+    #[test]
+    fn flows_to_gone_endpoints_and_past_revived_services_are_stale() {
+        let now = UdpFrontends::of(&snapshot(&["10.0.0.1"]));
+        let flows = vec![
+            // DNATed to the endpoint still there: kept.
+            flow("10.1.0.1:4000", "172.30.0.10:53", "10.0.0.1:5353"),
+            // DNATed to an endpoint that went: deleted, through any front end.
+            flow("10.1.0.1:4001", "172.30.0.10:53", "10.0.0.9:5353"),
+            flow("10.1.0.1:4002", "1.2.3.4:53", "10.0.0.9:5353"),
+            flow("10.1.0.1:4003", "192.168.0.2:30053", "10.0.0.9:5353"),
+            // Not DNATed while the service had no endpoints: deleted now it has one.
+            flow("10.1.0.1:4004", "172.30.0.10:53", "172.30.0.10:53"),
+            // Not a UDP front end (a TCP service's address, another node port): kept.
+            flow("10.1.0.1:4005", "172.30.0.11:53", "10.0.0.9:53"),
+            flow("10.1.0.1:4006", "192.168.0.2:30054", "10.0.0.9:53"),
+            flow("10.1.0.1:4007", "8.8.8.8:53", "8.8.8.8:53"),
+        ];
+        let stale: Vec<u16> = now
+            .stale(&UdpFrontends::default(), &flows)
+            .iter()
+            .map(|f| f.source.port())
+            .collect();
+        assert_eq!(stale, [4001, 4002, 4003, 4004]);
+
+        // No endpoints at all: flows not DNATed are left (nothing better to send them to).
+        let empty = UdpFrontends::of(&snapshot(&[]));
+        let f = [flow("10.1.0.1:4004", "172.30.0.10:53", "172.30.0.10:53")];
+        assert!(empty.stale(&UdpFrontends::default(), &f).is_empty());
+
+        // The service is deleted: its DNATed flows go, once it is known it was one.
+        let gone = UdpFrontends::default();
+        let f = [flow("10.1.0.1:4000", "172.30.0.10:53", "10.0.0.1:5353")];
+        assert_eq!(gone.stale(&now, &f).len(), 1);
+        assert!(gone.stale(&UdpFrontends::default(), &f).is_empty());
+    }
+
+    #[test]
+    fn dump_entries_parse_and_deletes_name_the_original_tuple() {
+        let f = flow("10.1.0.1:4000", "172.30.0.10:53", "10.0.0.1:5353");
+        // A dump entry: the original tuple as a delete names it, plus a reply tuple.
+        let mut body = delete_attrs(&f);
+        let reply = Flow {
+            source: f.reply_source,
+            destination: f.source,
+            reply_source: f.source,
+            zone: 0,
+        };
+        let orig_of_reply = delete_attrs(&reply);
+        // Re-tag the reply's CTA_TUPLE_ORIG as CTA_TUPLE_REPLY.
+        let mut tagged = orig_of_reply.clone();
+        tagged[2..4].copy_from_slice(&(CTA_TUPLE_REPLY | NLA_F_NESTED).to_ne_bytes());
+        body.extend_from_slice(&tagged);
+        assert_eq!(parse_flow(&body), Some(f));
+    }
+}
