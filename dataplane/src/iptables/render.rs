@@ -17,7 +17,7 @@
 use super::names::{self, *};
 use crate::model::{
     Endpoint, IpFamily, LocalDetector, NodeConfig, NodePortAddresses, Protocol, ServicePort,
-    ServicePortName, Snapshot, TrafficPolicy,
+    ServicePortName, SessionAffinity, Snapshot, TrafficPolicy,
 };
 use crate::nft::layout::{disjoint_cidrs, LayoutReport};
 use crate::selection;
@@ -280,10 +280,28 @@ impl PortRenderer<'_> {
         }
     }
 
-    /// The rules from `chain` to `endpoints`, each with an equal share.
-    fn balance(out: &mut PortRules, spn: &str, chain: &str, endpoints: &[(&Endpoint, String)]) {
+    /// The rules from `chain` to `endpoints`, each with an equal share; with session
+    /// affinity, a client seen within `affinity` seconds goes back to its endpoint first.
+    fn balance(
+        out: &mut PortRules,
+        spn: &str,
+        chain: &str,
+        endpoints: &[(&Endpoint, String)],
+        affinity: Option<u32>,
+    ) {
         let n = endpoints.len();
         let rules = out.chains.entry(chain.to_string()).or_default();
+        if let Some(secs) = affinity {
+            for (ep, sep) in endpoints {
+                rules.push(format!(
+                    "{} -m recent --name {sep} --rcheck --seconds {secs} --reap -j {sep}",
+                    comment(&format!(
+                        "{spn} -> {}",
+                        names::endpoint_string(ep.ip, ep.port)
+                    ))
+                ));
+            }
+        }
         for (i, (ep, sep)) in endpoints.iter().enumerate() {
             let mut rule = comment(&format!(
                 "{spn} -> {}",
@@ -307,12 +325,17 @@ impl PortRenderer<'_> {
         }
         let proto = svc.name.protocol;
         let c = comment(spn);
+        // Remember the client for session affinity (the service chain checks the list).
+        let remember = match svc.session_affinity {
+            SessionAffinity::ClientIp { .. } => format!(" -m recent --name {chain} --set"),
+            SessionAffinity::None => String::new(),
+        };
         // An endpoint reaching itself through the service must be masqueraded, or it
         // would answer itself directly.
         let rules = vec![
             format!("{c} -s {} -j {MARK_MASQ}", host(ep.ip)),
             format!(
-                "{c} -m {proto} -p {proto} -j DNAT --to-destination {}",
+                "{c}{remember} -m {proto} -p {proto} -j DNAT --to-destination {}",
                 names::endpoint_string(ep.ip, ep.port)
             ),
         ];
@@ -327,6 +350,10 @@ impl PortRenderer<'_> {
         let spn = names::port_name_string(&svc.name);
         let proto = svc.name.protocol;
         let sel = selection::select(self.node, svc, all);
+        let affinity = match svc.session_affinity {
+            SessionAffinity::ClientIp { timeout_seconds } => Some(timeout_seconds),
+            SessionAffinity::None => None,
+        };
         let cluster = with_chains(svc, dedup(&sel.cluster));
         let local = with_chains(svc, dedup(&sel.local));
         let internal_local = svc.internal_traffic_policy == TrafficPolicy::Local;
@@ -527,7 +554,7 @@ impl PortRenderer<'_> {
             }
         }
         if uses_cluster {
-            Self::balance(&mut out, &spn, &svc_chain, &cluster);
+            Self::balance(&mut out, &spn, &svc_chain, &cluster, affinity);
             for (ep, sep) in &cluster {
                 Self::endpoint(&mut out, svc, &spn, ep, sep);
             }
@@ -571,7 +598,7 @@ impl PortRenderer<'_> {
         }
         if uses_local {
             out.chains.entry(svl_chain.clone()).or_default();
-            Self::balance(&mut out, &spn, &svl_chain, &local);
+            Self::balance(&mut out, &spn, &svl_chain, &local, affinity);
             for (ep, sep) in &local {
                 Self::endpoint(&mut out, svc, &spn, ep, sep);
             }

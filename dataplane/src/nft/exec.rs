@@ -2,9 +2,11 @@
 
 use super::listing::{parse_table, ListingError};
 use super::netlink::{NetlinkError, Reader};
+use super::skeleton::MAP_AFFINITY;
 use super::state::{family_name, Ruleset, TABLE};
-use super::transaction::{apply, Transaction};
+use super::transaction::{apply, Op, Transaction};
 use crate::model::IpFamily;
+use std::collections::BTreeMap;
 
 /// What can go wrong talking to nft.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +43,17 @@ pub trait NftExecutor {
     /// executor cannot tell.
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
         Ok(None)
+    }
+    /// What the packet path remembered for sessionAffinity in `family`.
+    fn remembered(
+        &mut self,
+        _family: IpFamily,
+    ) -> Result<BTreeMap<String, Option<String>>, NftError> {
+        Ok(BTreeMap::new())
+    }
+    /// Forget remembered clients; one already expired is no error.
+    fn forget(&mut self, _family: IpFamily, _keys: &[String]) -> Result<(), NftError> {
+        Ok(())
     }
 }
 
@@ -129,6 +142,31 @@ impl NftExecutor for NftCommand {
 
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
         Ok(Some(Reader::open()?.generation()?))
+    }
+
+    fn remembered(
+        &mut self,
+        family: IpFamily,
+    ) -> Result<BTreeMap<String, Option<String>>, NftError> {
+        Ok(Reader::open()?.elements(family, MAP_AFFINITY, false)?)
+    }
+
+    fn forget(&mut self, family: IpFamily, keys: &[String]) -> Result<(), NftError> {
+        // One batch per entry: an entry that expired meanwhile fails only its own.
+        for key in keys {
+            let tx = Transaction {
+                ops: vec![Op::DeleteElements {
+                    family,
+                    set: MAP_AFFINITY.to_string(),
+                    keys: vec![key.clone()],
+                }],
+            };
+            match super::batch::try_commit(&tx) {
+                Ok(_) | Err(NetlinkError::Kernel { errno: 2, .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     fn apply(&mut self, tx: &Transaction) -> Result<(), NftError> {

@@ -19,16 +19,17 @@
 
 use super::ownership::{self, FamilyIndex, Index, Record, Touched};
 pub use super::skeleton::{
-    cidr_text, disjoint_cidrs, MAP_BACKENDS, MAP_NODEPORT_BACKENDS, MAP_NODEPORT_SHORTCUT_BACKENDS,
-    MAP_NO_ENDPOINT_NODEPORTS, MAP_NO_ENDPOINT_SERVICES, MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS,
-    MAP_SHORTCUT_BACKENDS, MAP_SHORTCUT_IPS, MAP_SHORTCUT_NODEPORTS, SET_CLUSTER_IPS,
-    SET_FIREWALL_ALLOW, SET_FIREWALL_IPS, SET_HAIRPIN, SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS,
+    cidr_text, disjoint_cidrs, MAP_AFFINITY, MAP_AFFINITY_FRONTENDS, MAP_BACKENDS,
+    MAP_NODEPORT_BACKENDS, MAP_NODEPORT_SHORTCUT_BACKENDS, MAP_NO_ENDPOINT_NODEPORTS,
+    MAP_NO_ENDPOINT_SERVICES, MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS, MAP_SHORTCUT_BACKENDS,
+    MAP_SHORTCUT_IPS, MAP_SHORTCUT_NODEPORTS, SET_CLUSTER_IPS, SET_FIREWALL_ALLOW,
+    SET_FIREWALL_IPS, SET_HAIRPIN, SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS,
 };
 use super::skeleton::{lb_chain, skeleton, LbKind};
 use super::state::{Ruleset, Set, Table};
 use crate::model::{
-    Endpoint, IpFamily, NodeConfig, NodePortAddresses, ServicePort, ServicePortName, Snapshot,
-    TrafficPolicy,
+    Endpoint, IpFamily, NodeConfig, NodePortAddresses, ServicePort, ServicePortName,
+    SessionAffinity, Snapshot, TrafficPolicy,
 };
 use crate::selection;
 use std::collections::{BTreeSet, HashSet};
@@ -390,14 +391,14 @@ impl<'a> Builder<'a> {
         all: &[&Endpoint],
         has_any: bool,
         rec: &mut Record,
-    ) {
+    ) -> bool {
         if self.taken(fe.dispatch, &fe.key) || self.taken(fe.none, &fe.key) {
             rec.conflicts += 1;
             self.conflicts.push(format!(
                 "service port {} ({}): front end {} is already used by another service; skipped",
                 svc.name, svc.family, fe.key
             ));
-            return;
+            return false;
         }
         if let Some(sources) = &fe.firewall {
             // Whether or not the service has endpoints, as kube-proxy's nftables mode.
@@ -411,7 +412,7 @@ impl<'a> Builder<'a> {
             // dropped too (its iptables mode would still short-circuit them).
             let verdict = if has_any { DROP } else { REJECT };
             self.put_owned(rec, fe.none, fe.key, Some(verdict.to_string()));
-            return;
+            return false;
         }
         if let Some(sc) = &fe.shortcut {
             let verdict = self.slots(rec, &fe.key, sc.backends, sc.kind, all);
@@ -419,6 +420,26 @@ impl<'a> Builder<'a> {
         }
         let verdict = self.slots(rec, &fe.key, fe.backends, fe.kind, eps);
         self.put_owned(rec, fe.dispatch, fe.key, Some(verdict));
+        true
+    }
+
+    /// sessionAffinity ClientIP: the front ends that remember their clients, keyed as the
+    /// packet path sees them after DNAT (`ct original` address, protocol and port); a node
+    /// port under each node address that serves it.
+    fn affinity_keys(&self, svc: &ServicePort, fe: &Frontend) -> Vec<String> {
+        if fe.dispatch != MAP_SERVICE_NODEPORTS {
+            return vec![fe.key.clone()];
+        }
+        self.node
+            .node_ips
+            .iter()
+            .filter(|ip| IpFamily::of(ip) == self.family)
+            .filter(|ip| match &self.node.node_port_addresses {
+                NodePortAddresses::All => true,
+                NodePortAddresses::Cidrs(c) => c.iter().any(|n| n.contains(**ip)),
+            })
+            .map(|ip| format!("{ip} . {} . {}", svc.name.protocol, svc.node_port))
+            .collect()
     }
 
     fn service(&mut self, svc: &ServicePort, endpoints: &[Endpoint]) {
@@ -439,9 +460,31 @@ impl<'a> Builder<'a> {
             rec.no_local.external = 1;
         }
         self.put_shared(&mut rec, SET_CLUSTER_IPS, svc.cluster_ip.to_string());
+        let affinity = match svc.session_affinity {
+            SessionAffinity::ClientIp { timeout_seconds } => Some(timeout_seconds.max(1) as usize),
+            SessionAffinity::None => None,
+        };
+        let mut remembered = Vec::new();
         for fe in frontends(svc, self.node, self.family) {
             let eps = if fe.external { &external } else { &internal };
-            self.frontend(svc, fe, eps, &sel.cluster, has_any, &mut rec);
+            let keys = match affinity {
+                Some(_) => self.affinity_keys(svc, &fe),
+                None => Vec::new(),
+            };
+            if self.frontend(svc, fe, eps, &sel.cluster, has_any, &mut rec) {
+                remembered.extend(keys);
+            }
+        }
+        if let (Some(secs), false) = (affinity, remembered.is_empty()) {
+            self.use_chain(&mut rec, LbKind::Affinity, secs);
+            let verdict = format!("goto {}", LbKind::Affinity.chain(secs));
+            for key in remembered {
+                // A node port's key can equal a front end another service holds only if
+                // the node port equals that service's port on a node address; first wins.
+                if !self.taken(MAP_AFFINITY_FRONTENDS, &key) {
+                    self.put_owned(&mut rec, MAP_AFFINITY_FRONTENDS, key, Some(verdict.clone()));
+                }
+            }
         }
         // Hairpin: an endpoint reaching itself through the service must be masqueraded, or
         // it would answer itself directly. Endpoints known to run elsewhere never start here.

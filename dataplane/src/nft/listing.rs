@@ -96,11 +96,14 @@ pub fn parse_table(json: &str) -> Result<Table, ListingError> {
                     .to_string(),
                 ..Set::default()
             };
+            // What the packet path writes is not state we program: leave it out.
+            let written_by_packets = name == super::skeleton::MAP_AFFINITY;
             for e in s
                 .get("elem")
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
+                .filter(|_| !written_by_packets)
             {
                 match e.as_array() {
                     Some(pair) if pair.len() == 2 => {

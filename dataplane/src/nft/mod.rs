@@ -1,5 +1,6 @@
 //! The nftables backend: layout (pure), diff into a transaction (pure), and `nft` execution.
 
+pub mod affinity;
 pub mod batch;
 pub mod exec;
 pub mod layout;
@@ -38,6 +39,8 @@ pub struct NftBackend<E: NftExecutor> {
     /// no commit overlapped, carried over our own commits while each moves it on by one.
     /// Anyone else's commit breaks the chain, and then only a read can tell.
     held_at: Option<u32>,
+    /// Whether the kernel may hold remembered session-affinity clients to check.
+    remembered: bool,
 }
 
 impl<E: NftExecutor> NftBackend<E> {
@@ -47,6 +50,8 @@ impl<E: NftExecutor> NftBackend<E> {
             applied: None,
             verifying: None,
             held_at: None,
+            // A restarted agent may find clients remembered by its predecessor.
+            remembered: true,
         }
     }
 
@@ -129,6 +134,31 @@ impl<E: NftExecutor> NftBackend<E> {
         Ok(())
     }
 
+    /// After a commit that changed something: forget remembered affinity clients whose
+    /// endpoint or front end is gone. Best effort (a failure is logged): until it succeeds,
+    /// such a client keeps reaching the old endpoint while it lives.
+    fn forget_stale_clients(&mut self, desired: &Ruleset, tx: &transaction::Transaction) {
+        let remembering = desired.tables.values().any(|t| {
+            t.sets
+                .get(skeleton::MAP_AFFINITY_FRONTENDS)
+                .is_some_and(|s| !s.elements.is_empty())
+        });
+        if tx.is_empty() || !(remembering || self.remembered) {
+            return;
+        }
+        self.remembered = remembering;
+        for (family, table) in &desired.tables {
+            let result = self.exec.remembered(*family).and_then(|r| {
+                let stale = affinity::stale(table, &r);
+                self.exec.forget(*family, &stale)
+            });
+            if let Err(e) = result {
+                tracing::warn!("forgetting stale session-affinity clients ({family}): {e}");
+                self.remembered = true;
+            }
+        }
+    }
+
     /// Only the changed services, in place, when the layout allows it.
     fn sync_services(
         &mut self,
@@ -146,6 +176,7 @@ impl<E: NftExecutor> NftBackend<E> {
         if let Err(e) = self.commit(&tx) {
             return Ok(Err(e));
         }
+        self.forget_stale_clients(&applied.ruleset, &tx);
         let report = layout::report_of(&applied.index, Vec::new());
         self.applied = Some(applied);
         Ok(Ok(SyncReport {
@@ -189,6 +220,7 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
         let (desired, index, layout) = layout::layout(snapshot, &current);
         let tx = transaction::diff(&current, &desired, full);
         self.commit(&tx)?;
+        self.forget_stale_clients(&desired, &tx);
         self.applied = Some(Applied {
             ruleset: desired,
             index,

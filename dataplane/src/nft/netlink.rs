@@ -371,56 +371,11 @@ impl Reader {
         }
         let names: Vec<String> = table.sets.keys().cloned().collect();
         for name in names {
-            let mut q = Vec::new();
-            push_attr(&mut q, NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE));
-            push_attr(&mut q, NFTA_SET_ELEM_LIST_SET, &cstr(&name));
-            let replies = self.dump(
-                &what(&format!("elements of {name}")),
-                NFT_MSG_GETSETELEM,
-                fam,
-                &q,
-            )?;
-            let layout = Fields::of(&name, family);
-            let mut raw: Vec<(Vec<u8>, Option<String>, bool)> = Vec::new();
-            // A concatenation with ranges (pipapo): each element carries its inclusive end.
-            let ranged = intervals.contains(&name) && layout.key.len() > 1;
-            let mut ranges = BTreeMap::new();
-            for body in replies {
-                let Some(list) = find(&body, NFTA_SET_ELEM_LIST_ELEMENTS) else {
-                    continue;
-                };
-                for elem in attrs(list).filter(|a| a.kind == NFTA_LIST_ELEM) {
-                    let key = find(elem.data, NFTA_SET_ELEM_KEY)
-                        .and_then(|k| find(k, NFTA_DATA_VALUE))
-                        .unwrap_or(&[])
-                        .to_vec();
-                    let end = find(elem.data, NFTA_SET_ELEM_FLAGS)
-                        .and_then(be32)
-                        .is_some_and(|f| f & NFT_SET_ELEM_INTERVAL_END != 0);
-                    let value = find(elem.data, NFTA_SET_ELEM_DATA)
-                        .map(|d| data_text(d, &layout.value, layout.addr_len));
-                    if ranged {
-                        let last = find(elem.data, NFTA_SET_ELEM_KEY_END)
-                            .and_then(|k| find(k, NFTA_DATA_VALUE))
-                            .unwrap_or(&key);
-                        ranges.insert(
-                            ranged_text(&key, last, &layout.key, layout.addr_len, family),
-                            value,
-                        );
-                        continue;
-                    }
-                    raw.push((key, value, end));
-                }
+            // What the packet path writes is not state we program: leave it out.
+            if name == MAP_AFFINITY {
+                continue;
             }
-            let elements = if ranged {
-                ranges
-            } else if intervals.contains(&name) {
-                interval_elements(raw, family)
-            } else {
-                raw.into_iter()
-                    .map(|(k, v, _)| (fields_text(&k, &layout.key, layout.addr_len), v))
-                    .collect()
-            };
+            let elements = self.elements(family, &name, intervals.contains(&name))?;
             if let Some(s) = table.sets.get_mut(&name) {
                 s.elements = elements;
             }
@@ -468,6 +423,70 @@ impl Reader {
         }
         Ok(Some(table))
     }
+
+    /// The elements of our set `name` in `family`, as canonical text (`interval`: the set
+    /// has the interval flag).
+    pub fn elements(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+        interval: bool,
+    ) -> Result<BTreeMap<String, Option<String>>, NetlinkError> {
+        let fam = match family {
+            IpFamily::V4 => NFPROTO_IPV4,
+            IpFamily::V6 => NFPROTO_IPV6,
+        };
+        let mut q = Vec::new();
+        push_attr(&mut q, NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE));
+        push_attr(&mut q, NFTA_SET_ELEM_LIST_SET, &cstr(name));
+        let replies = self.dump(
+            &format!("elements of {name} of {} {TABLE}", family_name(family)),
+            NFT_MSG_GETSETELEM,
+            fam,
+            &q,
+        )?;
+        let layout = Fields::of(name, family);
+        let mut raw: Vec<(Vec<u8>, Option<String>, bool)> = Vec::new();
+        // A concatenation with ranges (pipapo): each element carries its inclusive end.
+        let ranged = interval && layout.key.len() > 1;
+        let mut ranges = BTreeMap::new();
+        for body in replies {
+            let Some(list) = find(&body, NFTA_SET_ELEM_LIST_ELEMENTS) else {
+                continue;
+            };
+            for elem in attrs(list).filter(|a| a.kind == NFTA_LIST_ELEM) {
+                let key = find(elem.data, NFTA_SET_ELEM_KEY)
+                    .and_then(|k| find(k, NFTA_DATA_VALUE))
+                    .unwrap_or(&[])
+                    .to_vec();
+                let end = find(elem.data, NFTA_SET_ELEM_FLAGS)
+                    .and_then(be32)
+                    .is_some_and(|f| f & NFT_SET_ELEM_INTERVAL_END != 0);
+                let value = find(elem.data, NFTA_SET_ELEM_DATA)
+                    .map(|d| data_text(d, &layout.value, layout.addr_len));
+                if ranged {
+                    let last = find(elem.data, NFTA_SET_ELEM_KEY_END)
+                        .and_then(|k| find(k, NFTA_DATA_VALUE))
+                        .unwrap_or(&key);
+                    ranges.insert(
+                        ranged_text(&key, last, &layout.key, layout.addr_len, family),
+                        value,
+                    );
+                    continue;
+                }
+                raw.push((key, value, end));
+            }
+        }
+        Ok(if ranged {
+            ranges
+        } else if interval {
+            interval_elements(raw, family)
+        } else {
+            raw.into_iter()
+                .map(|(k, v, _)| (fields_text(&k, &layout.key, layout.addr_len), v))
+                .collect()
+        })
+    }
 }
 
 /// One field of a concatenated key or value; each takes a 4-byte-aligned register slot.
@@ -497,6 +516,8 @@ impl Fields {
                 (vec![Addr, Proto, Port], vec![])
             }
             SET_FIREWALL_ALLOW => (vec![Addr, Proto, Port, Addr], vec![]),
+            MAP_AFFINITY_FRONTENDS => (vec![Addr, Proto, Port], vec![]),
+            MAP_AFFINITY => (vec![Addr, Addr, Proto, Port], vec![Addr, Port]),
             MAP_SERVICE_NODEPORTS | MAP_NO_ENDPOINT_NODEPORTS | MAP_SHORTCUT_NODEPORTS => {
                 (vec![Proto, Port], vec![])
             }

@@ -26,6 +26,16 @@ pub const MAP_NODEPORT_SHORTCUT_BACKENDS: &str = "nodeport-shortcut-backends";
 /// admits (`lbip . proto . port . source range`).
 pub const SET_FIREWALL_IPS: &str = "firewall-ips";
 pub const SET_FIREWALL_ALLOW: &str = "firewall-allow";
+/// sessionAffinity ClientIP: which endpoint each client reached through each front end
+/// (`client . front-end address . proto . port : endpoint . port`), written by the packet
+/// path with the service's timeout, and which front ends remember (-> goto affinity-<secs>).
+pub const MAP_AFFINITY: &str = "affinity";
+pub const MAP_AFFINITY_FRONTENDS: &str = "affinity-frontends";
+/// Remembered clients per family, at most (kube-proxy's per-endpoint sets hold 65535 each).
+const AFFINITY_SIZE: u32 = 262_144;
+
+/// The protocols a service port can have, as nft names them.
+const PROTOCOLS: [&str; 3] = ["tcp", "udp", "sctp"];
 
 /// Family-specific words.
 struct Words {
@@ -210,6 +220,14 @@ pub fn skeleton(node: &NodeConfig, family: IpFamily) -> Table {
             false,
             format!("type {fe_key} . {at}; flags interval;"),
         ),
+        (
+            MAP_AFFINITY,
+            true,
+            format!(
+                "type {at} . {fe_key} : {at} . inet_service; size {AFFINITY_SIZE}; flags dynamic,timeout; timeout 3h;"
+            ),
+        ),
+        (MAP_AFFINITY_FRONTENDS, true, format!("type {fe_key} : verdict;")),
         (MAP_SHORTCUT_IPS, true, format!("type {fe_key} : verdict;")),
         (MAP_SHORTCUT_NODEPORTS, true, format!("type {np_key} : verdict;")),
         (
@@ -293,6 +311,22 @@ pub fn skeleton(node: &NodeConfig, family: IpFamily) -> Table {
         base("nat", "postrouting", 100),
         vec!["jump masquerading".into()],
     );
+    // After DNAT and before masquerade: the client and the endpoint a new connection to an
+    // affinity front end reached. `ct original proto-dst` has a type only once the
+    // protocol is known, hence one rule per protocol.
+    chain(
+        "affinity-remember",
+        base("filter", "postrouting", 99),
+        PROTOCOLS
+            .iter()
+            .map(|p| {
+                format!(
+                    "ct state new ct status dnat meta l4proto {p} ct original {f} daddr . meta l4proto . ct original proto-dst vmap @{MAP_AFFINITY_FRONTENDS}",
+                    f = w.fam
+                )
+            })
+            .collect(),
+    );
     chain(
         "services",
         None,
@@ -372,6 +406,9 @@ pub enum LbKind {
     /// All endpoints of an externalTrafficPolicy Local front end, for pods and the node.
     Shortcut,
     NodePortShortcut,
+    /// Remembers the client's endpoint for this many seconds (sessionAffinity ClientIP);
+    /// `n` is the timeout, not an endpoint count.
+    Affinity,
 }
 
 impl LbKind {
@@ -384,6 +421,7 @@ impl LbKind {
             LbKind::NodePortLocal => "nodeport-local",
             LbKind::Shortcut => "shortcut",
             LbKind::NodePortShortcut => "nodeport-shortcut",
+            LbKind::Affinity => "affinity",
         };
         format!("{kind}-{n}")
     }
@@ -392,6 +430,17 @@ impl LbKind {
 /// The load-balancing chain of `kind` for front ends with `n` endpoints.
 pub fn lb_chain(node: &NodeConfig, family: IpFamily, kind: LbKind, n: usize) -> Chain {
     let f = words(family).fam;
+    if kind == LbKind::Affinity {
+        let rules = PROTOCOLS
+            .iter()
+            .map(|p| {
+                format!(
+                    "meta l4proto {p} update @{MAP_AFFINITY} {{ {f} saddr . ct original {f} daddr . meta l4proto . ct original proto-dst timeout {n}s : {f} daddr . th dport }}"
+                )
+            })
+            .collect();
+        return Chain::new(None, rules);
+    }
     let mut rules = Vec::new();
     match kind {
         LbKind::Cluster => rules.extend(masquerade_rule(node, family)),
@@ -417,7 +466,7 @@ pub fn lb_chain(node: &NodeConfig, family: IpFamily, kind: LbKind, n: usize) -> 
             rules.push("fib saddr type local jump mark-for-masquerade".into());
             rules.push(format!("fib saddr type local {key} vmap @{map}"));
         }
-        LbKind::Shortcut | LbKind::NodePortShortcut => {}
+        LbKind::Shortcut | LbKind::NodePortShortcut | LbKind::Affinity => {}
     }
     let (key, map) = match kind {
         LbKind::NodePort | LbKind::NodePortLocal => {
@@ -431,10 +480,15 @@ pub fn lb_chain(node: &NodeConfig, family: IpFamily, kind: LbKind, n: usize) -> 
             format!("{f} daddr . meta l4proto . th dport"),
             MAP_SHORTCUT_BACKENDS,
         ),
-        LbKind::Cluster | LbKind::External | LbKind::ExternalLocal => {
+        LbKind::Cluster | LbKind::External | LbKind::ExternalLocal | LbKind::Affinity => {
             (format!("{f} daddr . meta l4proto . th dport"), MAP_BACKENDS)
         }
     };
+    // A client an affinity front end remembers goes where it went before; nobody else is
+    // ever remembered, so for other services this lookup always misses.
+    rules.push(format!(
+        "dnat {f} to {f} saddr . {f} daddr . meta l4proto . th dport map @{MAP_AFFINITY}"
+    ));
     rules.push(format!(
         "dnat {f} to {key} . numgen random mod {n} map @{map}"
     ));

@@ -40,6 +40,10 @@ struct Spec {
     external_ip: bool,
     local: bool,
     dual_stack: bool,
+    /// sessionAffinity ClientIP with this timeout.
+    affinity: Option<u32>,
+    /// A load-balancer IP with loadBalancerSourceRanges.
+    ranged_lb: bool,
     /// Endpoint host numbers from a small pool, so services share endpoints (hairpin).
     endpoints: BTreeSet<u8>,
 }
@@ -52,6 +56,8 @@ fn spec(i: usize) -> Spec {
         external_ip: i.is_multiple_of(3),
         local: false,
         dual_stack: i == 1,
+        affinity: (i % 4 == 1).then_some(60 + i as u32 % 2),
+        ranged_lb: i % 5 == 2,
         endpoints: (1..=(i as u8 % 4 + 1)).collect(),
     }
 }
@@ -92,6 +98,16 @@ fn build(specs: &[Option<Spec>]) -> Snapshot {
                 }
                 if sp.local {
                     svc.external_traffic_policy = TrafficPolicy::Local;
+                }
+                if let Some(timeout_seconds) = sp.affinity {
+                    svc.session_affinity = SessionAffinity::ClientIp { timeout_seconds };
+                }
+                if sp.ranged_lb {
+                    svc.load_balancer_ips = vec![ip(&format!("203.0.113.{}", i + 1))];
+                    svc.load_balancer_source_ranges = vec![
+                        "198.51.100.0/24".parse().unwrap(),
+                        "192.168.0.0/16".parse().unwrap(),
+                    ];
                 }
                 s.services.insert((name.clone(), family), svc);
             }
@@ -153,7 +169,14 @@ fn edit(rng: &mut Lcg, slot: &mut Option<Spec>, i: usize) {
         6 => sp.node_port = !sp.node_port,
         7 => sp.external_ip = !sp.external_ip,
         8 => sp.local = !sp.local,
-        9 => sp.dual_stack = !sp.dual_stack,
+        9 => {
+            sp.dual_stack = !sp.dual_stack;
+            match rng.below(3) {
+                0 => sp.affinity = sp.affinity.xor(Some(60)),
+                1 => sp.ranged_lb = !sp.ranged_lb,
+                _ => {}
+            }
+        }
         10 => {
             if sp.ports.len() < 3 {
                 sp.ports.push(81 + sp.ports.len() as u16);
@@ -233,6 +256,8 @@ fn cluster(n: usize, endpoints: u8) -> Snapshot {
             Some(Spec {
                 cip: i as u8 + 1,
                 endpoints: (1..=endpoints).collect(),
+                ranged_lb: false,
+                affinity: None,
                 ..spec(i)
             })
         })

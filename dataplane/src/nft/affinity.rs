@@ -1,0 +1,106 @@
+//! Forgetting remembered clients (sessionAffinity ClientIP) whose endpoint is no longer
+//! behind the front end they used, or whose front end no longer remembers. The packet path
+//! fills the affinity map; only a sync knows when an entry went stale, so after each sync
+//! that changed something the remembered entries are read back and the stale ones deleted.
+
+use super::skeleton::{
+    MAP_AFFINITY_FRONTENDS, MAP_BACKENDS, MAP_NODEPORT_BACKENDS, MAP_NODEPORT_SHORTCUT_BACKENDS,
+    MAP_SHORTCUT_BACKENDS,
+};
+use super::state::Table;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// The keys of `remembered` (`client . address . proto . port : endpoint . port`) that
+/// `desired` no longer backs.
+pub fn stale(desired: &Table, remembered: &BTreeMap<String, Option<String>>) -> Vec<String> {
+    let mut valid: HashMap<&str, HashSet<&str>> = HashMap::new();
+    for map in [
+        MAP_BACKENDS,
+        MAP_SHORTCUT_BACKENDS,
+        MAP_NODEPORT_BACKENDS,
+        MAP_NODEPORT_SHORTCUT_BACKENDS,
+    ] {
+        let Some(set) = desired.sets.get(map) else {
+            continue;
+        };
+        for (key, value) in &set.elements {
+            // `front end . slot`: the front end is everything before the slot.
+            if let (Some((fe, _)), Some(v)) = (key.rsplit_once(" . "), value) {
+                valid.entry(fe).or_default().insert(v.as_str());
+            }
+        }
+    }
+    let remembering = desired.sets.get(MAP_AFFINITY_FRONTENDS);
+    remembered
+        .iter()
+        .filter(|(key, value)| {
+            let Some((_, fe)) = key.split_once(" . ") else {
+                return true;
+            };
+            if !remembering.is_some_and(|s| s.elements.contains_key(fe)) {
+                return true;
+            }
+            // A node port's slots are keyed by protocol and port alone.
+            let node_port = fe.split_once(" . ").map(|(_, np)| np);
+            let backs = |k: &str| {
+                value
+                    .as_deref()
+                    .is_some_and(|v| valid.get(k).is_some_and(|s| s.contains(v)))
+            };
+            !(backs(fe) || node_port.is_some_and(backs))
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nft::state::Set;
+
+    fn set(elements: &[(&str, &str)]) -> Set {
+        Set {
+            elements: elements
+                .iter()
+                .map(|(k, v)| (k.to_string(), Some(v.to_string())))
+                .collect(),
+            ..Set::default()
+        }
+    }
+
+    #[test]
+    fn entries_to_gone_endpoints_or_forgetful_front_ends_are_stale() {
+        let mut t = Table::default();
+        t.sets.insert(
+            MAP_BACKENDS.into(),
+            set(&[("172.30.0.1 . tcp . 80 . 0", "10.0.0.1 . 8080")]),
+        );
+        t.sets.insert(
+            MAP_NODEPORT_BACKENDS.into(),
+            set(&[("tcp . 30080 . 0", "10.0.0.1 . 8080")]),
+        );
+        t.sets.insert(
+            MAP_AFFINITY_FRONTENDS.into(),
+            set(&[
+                ("172.30.0.1 . tcp . 80", "goto affinity-60"),
+                ("192.168.0.2 . tcp . 30080", "goto affinity-60"),
+            ]),
+        );
+        let remembered: BTreeMap<String, Option<String>> = [
+            ("10.1.0.1 . 172.30.0.1 . tcp . 80", "10.0.0.1 . 8080"),
+            ("10.1.0.2 . 172.30.0.1 . tcp . 80", "10.0.0.9 . 8080"),
+            ("10.1.0.3 . 192.168.0.2 . tcp . 30080", "10.0.0.1 . 8080"),
+            ("10.1.0.4 . 172.30.0.7 . tcp . 80", "10.0.0.1 . 8080"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), Some(v.to_string())))
+        .collect();
+        assert_eq!(
+            stale(&t, &remembered),
+            [
+                "10.1.0.2 . 172.30.0.1 . tcp . 80",
+                "10.1.0.4 . 172.30.0.7 . tcp . 80"
+            ]
+        );
+    }
+}
