@@ -463,7 +463,8 @@ mod iptables_mode {
 }
 
 /// Switchyard's own scenarios (`tests/conformance/own-cases.json`: topology hints,
-/// dual-stack, UDP through every front end, loadBalancerSourceRanges), in both modes.
+/// dual-stack, UDP through every front end, loadBalancerSourceRanges, the NodeCIDR,
+/// InterfaceNamePrefix and BridgeInterface local-traffic detectors), in both modes.
 mod own_cases {
     use super::*;
 
@@ -500,6 +501,9 @@ mod own_cases {
         dual_stack => "own-dual-stack",
         udp_frontends => "own-udp-frontends",
         lb_source_ranges => "own-lb-source-ranges",
+        detect_node_cidr => "own-detect-node-cidr",
+        detect_interface_prefix => "own-detect-interface-prefix",
+        detect_bridge => "own-detect-bridge",
     }
 }
 

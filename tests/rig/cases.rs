@@ -80,6 +80,13 @@ pub struct NodeConfig {
     /// The node's `topology.kubernetes.io/zone` label (our own cases only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+    /// BridgeInterface detection: the pods' bridge, which the rig then builds (our own
+    /// cases only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge_interface: Option<String>,
+    /// InterfaceNamePrefix detection (the rig's pod veths are `p<i>`; our own cases only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_name_prefix: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -244,6 +244,16 @@ pub fn kube_proxy_config(node: &NodeConfig, mode: Mode) -> String {
     if let Some(m) = node.local_detect_mode.as_deref().filter(|m| *m != "None") {
         cfg.insert("detectLocalMode".into(), json!(m));
     }
+    let mut detect = Map::new();
+    if let Some(b) = &node.bridge_interface {
+        detect.insert("bridgeInterface".into(), json!(b));
+    }
+    if let Some(p) = &node.interface_name_prefix {
+        detect.insert("interfaceNamePrefix".into(), json!(p));
+    }
+    if !detect.is_empty() {
+        cfg.insert("detectLocal".into(), Value::Object(detect));
+    }
     // null in cases.json is the proxier's nil: NodePorts on every node address. In a
     // KubeProxyConfiguration an unset field means "primary" in nftables mode, so spell
     // "all" out explicitly.

@@ -414,14 +414,28 @@ impl Rig {
         netns::ip_batch(&self.node_ns, &node_routes);
     }
 
+    /// Pods on `p<i>` veths, routed; or, when the node config names a bridge, with their
+    /// veths in that bridge, which holds the gateway address.
     fn build_pods(&mut self) {
         let mut node_links = Vec::new();
         let mut node_routes = Vec::new();
         let pods: Vec<(IpAddr, String)> = self.pods.iter().map(|(a, n)| (*a, n.clone())).collect();
+        let bridge = self.scenario.node.bridge_interface.clone();
+        if let Some(br) = &bridge {
+            node_links.push(format!("link add {br} type bridge"));
+            node_links.push(format!("addr add {POD_GATEWAY_V4}/32 dev {br}"));
+            node_links.push(format!("addr add {POD_GATEWAY_V6}/64 dev {br} nodad"));
+            node_links.push(format!("link set {br} up"));
+        }
         for (i, (_, ns)) in pods.iter().enumerate() {
             node_links.push(format!("link add p{i} type veth peer name eth0 netns {ns}"));
-            node_links.push(format!("addr add {POD_GATEWAY_V4}/32 dev p{i}"));
-            node_links.push(format!("addr add {POD_GATEWAY_V6}/64 dev p{i} nodad"));
+            match &bridge {
+                Some(br) => node_links.push(format!("link set p{i} master {br}")),
+                None => {
+                    node_links.push(format!("addr add {POD_GATEWAY_V4}/32 dev p{i}"));
+                    node_links.push(format!("addr add {POD_GATEWAY_V6}/64 dev p{i} nodad"));
+                }
+            }
             node_links.push(format!("link set p{i} up"));
         }
         netns::ip_batch(&self.node_ns, &node_links);
@@ -437,7 +451,8 @@ impl Rig {
                 cmds.push(format!("route add default via {POD_GATEWAY_V6} dev eth0"));
             }
             netns::ip_batch(ns, &cmds);
-            node_routes.push(format!("route add {ip}/{} dev p{i}", host_prefix(*ip)));
+            let dev = bridge.clone().unwrap_or_else(|| format!("p{i}"));
+            node_routes.push(format!("route add {ip}/{} dev {dev}", host_prefix(*ip)));
         }
         netns::ip_batch(&self.node_ns, &node_routes);
     }
