@@ -228,6 +228,24 @@ impl Agent {
         })
     }
 
+    /// Waits (bounded) until metric `name` reaches `min`; returns that scrape. A change
+    /// lands in the kernel a moment before the agent books its sync.
+    fn wait_metric(&self, name: &str, min: f64) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, text) = self.get(METRICS, "/metrics");
+            if exposition::value(&text, name).is_some_and(|v| v >= min) {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} never reached {min}\n{text}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn metric(&self, text: &str, name: &str) -> f64 {
         exposition::value(text, name)
             .unwrap_or_else(|| panic!("metric {name} missing from\n{text}"))
@@ -341,6 +359,7 @@ fn run_programs_follows_edits_repairs_drift_and_reports() {
     assert!(del.success(), "{}", del.transcript());
     agent.wait_ruleset("the drift repair", |rs| rs.contains("10.0.0.3"));
 
+    agent.wait_metric("switchyard_drift_repairs_total", 1.0);
     let (code, text) = agent.get(METRICS, "/metrics");
     assert_eq!(code, 200);
     let syncs = agent.metric(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count");
@@ -443,12 +462,7 @@ fn run_in_iptables_mode_follows_edits_and_repairs_flushed_chains() {
         rs.contains("--to-destination 10.0.0.2:8080")
             && rs.contains("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES")
     });
-    let (_, text) = agent.get(METRICS, "/metrics");
-    assert!(
-        agent.metric(&text, "switchyard_drift_repairs_total") >= 1.0,
-        "{text}\n{}",
-        agent.log()
-    );
+    let text = agent.wait_metric("switchyard_drift_repairs_total", 1.0);
     assert_eq!(
         agent.metric(
             &text,

@@ -1,7 +1,9 @@
 //! The netlink reader against nft's own JSON listing, on a real kernel: a table with every
 //! kind of element the layout writes (concatenated keys, verdicts, backend slots, interval
 //! sets, IPv6) must read back identically both ways, and equal to what was written; and
-//! element-only transactions committed as netlink batches must land exactly, or not at all.
+//! element-only transactions committed as netlink batches must land exactly, or not at all;
+//! no DNAT rule may carry nft's hidden protocol match; a family the kernel refuses must not
+//! hold back the other.
 //! Needs root; prints SKIP otherwise (fails if SWITCHYARD_REQUIRE_NETNS=1).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -382,4 +384,48 @@ fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
         Ok(())
     })
     .expect("in the namespace");
+}
+
+/// A kernel that refuses one family's table (here an `nft` that rejects every IPv6
+/// transaction, as a node without IPv6 nf_tables would) still gets the other family
+/// programmed, and the error names the family that failed.
+#[test]
+fn one_family_refused_leaves_the_other_programmed() {
+    let Some(guard) = Namespace::create("family") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = dir.path().join("nft");
+    std::fs::write(
+        &wrapper,
+        "#!/bin/sh\ninput=$(cat)\ncase \"$input\" in\n  *\"ip6 switchyard\"*) echo 'Error: no IPv6 tables on this node' >&2; exit 1;;\nesac\nprintf '%s\\n' \"$input\" | exec nft \"$@\"\n",
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .args(["+x", wrapper.to_str().unwrap()])
+        .status()
+        .unwrap();
+    let snap = snapshot();
+    let ns = guard.0.clone();
+    let (err, kernel) = netns::in_netns(&ns, move || {
+        use dataplane::backend::Backend;
+        let mut be = NftBackend::new(NftCommand {
+            program: wrapper.to_string_lossy().into_owned(),
+            netlink_batches: false,
+        });
+        let err = be.sync(&snap, dataplane::backend::Scope::All).unwrap_err();
+        Ok((err.to_string(), NftCommand::default().read().unwrap()))
+    })
+    .unwrap();
+    assert!(
+        err.contains("IPv6") && err.contains("no IPv6 tables"),
+        "{err}"
+    );
+    assert!(kernel.table(IpFamily::V6).is_none());
+    let v4 = kernel
+        .table(IpFamily::V4)
+        .expect("the IPv4 table is programmed");
+    assert!(v4.sets[layout::MAP_SERVICE_IPS]
+        .elements
+        .contains_key("172.16.0.53 . udp . 53"));
 }

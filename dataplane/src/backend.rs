@@ -19,7 +19,7 @@ impl BackendError {
     /// A short, stable label for metrics.
     pub fn reason(&self) -> &'static str {
         match self {
-            BackendError::Nft(NftError::Rejected { .. }) => "rejected",
+            BackendError::Nft(NftError::Rejected { .. } | NftError::Family { .. }) => "rejected",
             BackendError::Nft(NftError::Spawn { .. }) => "spawn",
             BackendError::Nft(_) => "read",
             BackendError::Iptables(IptablesError::Rejected { .. } | IptablesError::Fake(_)) => {

@@ -29,6 +29,11 @@ pub enum NftError {
     Netlink(#[from] NetlinkError),
     #[error("fake nft refused the transaction: {0}")]
     Fake(String),
+    #[error("{family} table: {source} (the other family's table was programmed)")]
+    Family {
+        family: IpFamily,
+        source: Box<NftError>,
+    },
 }
 
 /// Reads and writes Switchyard's tables.
@@ -195,6 +200,8 @@ pub struct FakeNft {
     pub fail_next: bool,
     /// Moves on with every commit, ours or [`FakeNft::foreign`].
     pub generation: u32,
+    /// Refuse every transaction that touches this family (a family the kernel lacks).
+    pub fail_family: Option<IpFamily>,
 }
 
 impl FakeNft {
@@ -213,6 +220,9 @@ impl NftExecutor for FakeNft {
     fn apply(&mut self, tx: &Transaction) -> Result<(), NftError> {
         if std::mem::take(&mut self.fail_next) {
             return Err(NftError::Fake("injected failure".into()));
+        }
+        if let Some(f) = self.fail_family.filter(|f| tx.families().contains(f)) {
+            return Err(NftError::Fake(format!("no {f} tables here")));
         }
         self.state = apply(&self.state, tx).map_err(|e| NftError::Fake(e.0))?;
         self.last = Some(tx.clone());

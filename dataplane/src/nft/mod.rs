@@ -14,7 +14,7 @@ pub mod verify;
 
 use crate::backend::{Backend, BackendError, Scope, ServiceKey, SyncReport};
 use crate::model::Snapshot;
-use exec::NftExecutor;
+use exec::{NftError, NftExecutor};
 use ownership::Index;
 use state::Ruleset;
 use std::collections::BTreeSet;
@@ -122,7 +122,27 @@ impl<E: NftExecutor> NftBackend<E> {
         if let Err(e) = self.exec.apply(tx) {
             // The kernel kept its previous state; the next sync must re-read it.
             self.applied = None;
-            return Err(e.into());
+            let families = tx.families();
+            if families.len() < 2 {
+                return Err(e.into());
+            }
+            // One family's problem (a kernel without IPv6 tables, an element only one
+            // family rejects) must not hold back the other: each table on its own.
+            let mut first = None;
+            for family in families {
+                if let Err(e) = self.exec.apply(&tx.only(family)) {
+                    first.get_or_insert(NftError::Family {
+                        family,
+                        source: Box::new(e),
+                    });
+                }
+            }
+            drop(e);
+            return match first {
+                Some(err) => Err(err.into()),
+                // Each family alone went in: the kernel holds the whole transaction.
+                None => Ok(()),
+            };
         }
         // Our commit moved the generation on by one; more means someone else's came
         // between. A failure to ask only costs the next periodic check a read.

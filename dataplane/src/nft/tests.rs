@@ -341,3 +341,37 @@ fn ipv6_services_go_to_the_ip6_table() {
         "dnat ip6 to ip6 daddr . meta l4proto . th dport . numgen random mod 1 map @backends"
     ));
 }
+
+#[test]
+fn a_family_the_kernel_refuses_does_not_hold_back_the_other() {
+    let mut be = NftBackend::new(FakeNft {
+        fail_family: Some(IpFamily::V6),
+        ..FakeNft::default()
+    });
+    let v4 = port("a", "web", "172.30.0.1", 80);
+    let v6 = port("a", "web6", "fd00:172:30::1", 80);
+    let s = snapshot(vec![
+        (v4.clone(), vec!["10.0.0.1"]),
+        (v6.clone(), vec!["fd00:10::1"]),
+    ]);
+    let err = be.sync(&s, Scope::All).unwrap_err().to_string();
+    assert!(
+        err.contains("IPv6") && err.contains("other family"),
+        "{err}"
+    );
+    let state = &be.executor().state;
+    assert!(state.table(IpFamily::V4).is_some(), "IPv4 is programmed");
+    assert!(state.table(IpFamily::V6).is_none());
+
+    // The next sync (after a failure, a whole one) still moves IPv4 on.
+    let s2 = snapshot(vec![(v4, vec!["10.0.0.2"]), (v6, vec!["fd00:10::1"])]);
+    assert!(be.sync(&s2, Scope::All).is_err());
+    let v4_backends =
+        &be.executor().state.table(IpFamily::V4).unwrap().sets[layout::MAP_BACKENDS].elements;
+    assert!(
+        v4_backends
+            .values()
+            .any(|v| v.as_deref() == Some("10.0.0.2 . 8080")),
+        "{v4_backends:?}"
+    );
+}

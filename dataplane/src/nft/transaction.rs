@@ -56,6 +56,22 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// The family whose table the operation touches.
+    pub fn family(&self) -> IpFamily {
+        match self {
+            Op::AddTable(f) | Op::DeleteTable(f) => *f,
+            Op::AddSet { family, .. }
+            | Op::AddChain { family, .. }
+            | Op::FlushChain { family, .. }
+            | Op::AddRule { family, .. }
+            | Op::DeleteChain { family, .. }
+            | Op::AddElements { family, .. }
+            | Op::DeleteElements { family, .. } => *family,
+        }
+    }
+}
+
 /// Counts of what a transaction does, for the one-line summary and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TxStats {
@@ -88,6 +104,23 @@ pub struct Transaction {
 impl Transaction {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
+    }
+
+    /// The families whose tables it touches.
+    pub fn families(&self) -> BTreeSet<IpFamily> {
+        self.ops.iter().map(Op::family).collect()
+    }
+
+    /// The operations on one family's table, in order.
+    pub fn only(&self, family: IpFamily) -> Transaction {
+        Transaction {
+            ops: self
+                .ops
+                .iter()
+                .filter(|op| op.family() == family)
+                .cloned()
+                .collect(),
+        }
     }
 
     pub fn stats(&self) -> TxStats {
