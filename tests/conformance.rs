@@ -504,6 +504,7 @@ mod own_cases {
         detect_node_cidr => "own-detect-node-cidr",
         detect_interface_prefix => "own-detect-interface-prefix",
         detect_bridge => "own-detect-bridge",
+        etp_local_no_local_endpoint => "own-etp-local-no-local-endpoint",
     }
 }
 

@@ -14,7 +14,6 @@ use crate::model::{IpFamily, Protocol, Snapshot};
 use crate::nft::netlink::{
     find, push_attr, NetlinkError, Reader, NFPROTO_IPV4, NFPROTO_IPV6, NLM_F_ACK, NLM_F_DUMP,
 };
-use crate::selection;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -34,12 +33,14 @@ impl Flow {
     }
 }
 
-/// Where UDP service traffic may go now: per front end (cluster, external and
-/// load-balancer IPs with the port), and per node port, the endpoints it may reach.
+/// Where UDP service traffic may still go: per front end (cluster, external and
+/// load-balancer IPs with the port), and per node port, the addresses of the service's
+/// serving endpoints. As kube-proxy, regardless of traffic policy, topology or terminating
+/// state, so that a flow to an endpoint that still serves is never cut.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UdpFrontends {
-    pub addresses: BTreeMap<SocketAddr, BTreeSet<SocketAddr>>,
-    pub node_ports: BTreeMap<(IpFamily, u16), BTreeSet<SocketAddr>>,
+    pub addresses: BTreeMap<SocketAddr, BTreeSet<IpAddr>>,
+    pub node_ports: BTreeMap<(IpFamily, u16), BTreeSet<IpAddr>>,
     /// Node addresses: the destinations that can carry node-port traffic.
     pub node_ips: BTreeSet<IpAddr>,
 }
@@ -54,12 +55,11 @@ impl UdpFrontends {
             if name.protocol != Protocol::Udp {
                 continue;
             }
-            let sel = selection::select(&snapshot.node, svc, snapshot.endpoints_of(name));
-            let reachable: BTreeSet<SocketAddr> = sel
-                .cluster
+            let reachable: BTreeSet<IpAddr> = snapshot
+                .endpoints_of(name)
                 .iter()
-                .chain(sel.local.iter())
-                .map(|e| SocketAddr::new(e.ip, e.port))
+                .filter(|e| e.serving && IpFamily::of(&e.ip) == *family)
+                .map(|e| e.ip)
                 .collect();
             let ips = std::iter::once(svc.cluster_ip)
                 .chain(svc.external_ips.iter().copied())
@@ -81,16 +81,23 @@ impl UdpFrontends {
         out
     }
 
-    /// The endpoints a flow to `dst` may reach now; `None` when `dst` is no front end.
-    fn endpoints_for(&self, dst: SocketAddr) -> Option<&BTreeSet<SocketAddr>> {
+    /// The endpoints a flow to `dst` may reach now; `None` when `dst` is no front end. A
+    /// DNATed flow to a node port counts whatever local address it was sent to (iptables
+    /// mode serves node ports on every one); one not DNATed only on a node address.
+    fn endpoints_for(&self, dst: SocketAddr, dnat: bool) -> Option<&BTreeSet<IpAddr>> {
         if let Some(e) = self.addresses.get(&dst) {
             return Some(e);
         }
-        let family = IpFamily::of(&dst.ip());
-        if self.node_ips.contains(&dst.ip()) {
-            return self.node_ports.get(&(family, dst.port()));
+        if dnat || self.node_ips.contains(&dst.ip()) {
+            return self.node_ports.get(&(IpFamily::of(&dst.ip()), dst.port()));
         }
         None
+    }
+
+    /// Whether a flow is one this cleanup looks at (see [`Self::stale`]).
+    pub fn concerns(&self, previous: &UdpFrontends, f: &Flow) -> bool {
+        self.endpoints_for(f.destination, f.dnat()).is_some()
+            || previous.endpoints_for(f.destination, f.dnat()).is_some()
     }
 
     /// The flows to delete: DNATed to an endpoint the front end no longer has, or not
@@ -99,10 +106,10 @@ impl UdpFrontends {
     pub fn stale<'f>(&self, previous: &UdpFrontends, flows: &'f [Flow]) -> Vec<&'f Flow> {
         flows
             .iter()
-            .filter(|f| match self.endpoints_for(f.destination) {
-                Some(eps) if f.dnat() => !eps.contains(&f.reply_source),
+            .filter(|f| match self.endpoints_for(f.destination, f.dnat()) {
+                Some(eps) if f.dnat() => !eps.contains(&f.reply_source.ip()),
                 Some(eps) => !eps.is_empty(),
-                None => f.dnat() && previous.endpoints_for(f.destination).is_some(),
+                None => f.dnat() && previous.endpoints_for(f.destination, true).is_some(),
             })
             .collect()
     }
@@ -110,7 +117,13 @@ impl UdpFrontends {
 
 /// The kernel's conntrack table, UDP entries only.
 pub trait Conntrack {
-    fn udp_flows(&mut self, family: IpFamily) -> Result<Vec<Flow>, NetlinkError>;
+    /// The UDP entries of `family` that `keep` selects (the others are dropped while the
+    /// dump streams in).
+    fn udp_flows(
+        &mut self,
+        family: IpFamily,
+        keep: &dyn Fn(&Flow) -> bool,
+    ) -> Result<Vec<Flow>, NetlinkError>;
     /// Delete one entry; one already gone is no error.
     fn delete(&mut self, flow: &Flow) -> Result<(), NetlinkError>;
 }
@@ -123,7 +136,7 @@ pub fn clean(
 ) -> Result<usize, NetlinkError> {
     let mut deleted = 0;
     for family in IpFamily::ALL {
-        let flows = ct.udp_flows(family)?;
+        let flows = ct.udp_flows(family, &|f| now.concerns(previous, f))?;
         for f in now.stale(previous, &flows) {
             ct.delete(f)?;
             deleted += 1;
@@ -262,16 +275,26 @@ impl Ctnetlink {
 }
 
 impl Conntrack for Ctnetlink {
-    fn udp_flows(&mut self, family: IpFamily) -> Result<Vec<Flow>, NetlinkError> {
-        let bodies = self.socket.request_to(
+    fn udp_flows(
+        &mut self,
+        family: IpFamily,
+        keep: &dyn Fn(&Flow) -> bool,
+    ) -> Result<Vec<Flow>, NetlinkError> {
+        let mut flows = Vec::new();
+        self.socket.request_each(
             "conntrack dump",
             NFNL_SUBSYS_CTNETLINK,
             IPCTNL_MSG_CT_GET,
             NLM_F_DUMP,
             nfproto(family),
             &[],
+            &mut |body| {
+                if let Some(f) = parse_flow(body).filter(|f| keep(f)) {
+                    flows.push(f);
+                }
+            },
         )?;
-        Ok(bodies.iter().filter_map(|b| parse_flow(b)).collect())
+        Ok(flows)
     }
 
     fn delete(&mut self, flow: &Flow) -> Result<(), NetlinkError> {

@@ -368,7 +368,15 @@ impl Agent {
                 self.service_health.reconcile(self.store.snapshot());
                 self.clean_udp_conntrack(full);
             }
-            Err(e) => self.failed(&e, done, full),
+            Err(e) => {
+                self.failed(&e, done, full);
+                // One family failed, the other was programmed: what follows a sync still
+                // applies to it.
+                if matches!(e, BackendError::Nft(NftError::Family { .. })) {
+                    self.service_health.reconcile(self.store.snapshot());
+                    self.clean_udp_conntrack(full);
+                }
+            }
         }
     }
 

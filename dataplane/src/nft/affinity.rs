@@ -8,18 +8,33 @@ use super::skeleton::{
     MAP_SHORTCUT_BACKENDS,
 };
 use super::state::Table;
+use super::transaction::{Op, Transaction};
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// The maps whose elements a remembered client depends on.
+const BACKING: [&str; 5] = [
+    MAP_BACKENDS,
+    MAP_SHORTCUT_BACKENDS,
+    MAP_NODEPORT_BACKENDS,
+    MAP_NODEPORT_SHORTCUT_BACKENDS,
+    MAP_AFFINITY_FRONTENDS,
+];
+
+/// Whether `tx` takes out something a remembered client may depend on (a re-pointed slot
+/// is a delete and an add).
+pub fn may_strand(tx: &Transaction) -> bool {
+    tx.ops.iter().any(|op| match op {
+        Op::DeleteElements { set, .. } => BACKING.contains(&set.as_str()),
+        Op::DeleteTable(_) | Op::DeleteChain { .. } => true,
+        _ => false,
+    })
+}
 
 /// The keys of `remembered` (`client . address . proto . port : endpoint . port`) that
 /// `desired` no longer backs.
 pub fn stale(desired: &Table, remembered: &BTreeMap<String, Option<String>>) -> Vec<String> {
     let mut valid: HashMap<&str, HashSet<&str>> = HashMap::new();
-    for map in [
-        MAP_BACKENDS,
-        MAP_SHORTCUT_BACKENDS,
-        MAP_NODEPORT_BACKENDS,
-        MAP_NODEPORT_SHORTCUT_BACKENDS,
-    ] {
+    for map in BACKING[..4].iter().copied() {
         let Some(set) = desired.sets.get(map) else {
             continue;
         };
@@ -40,14 +55,17 @@ pub fn stale(desired: &Table, remembered: &BTreeMap<String, Option<String>>) -> 
             if !remembering.is_some_and(|s| s.elements.contains_key(fe)) {
                 return true;
             }
-            // A node port's slots are keyed by protocol and port alone.
-            let node_port = fe.split_once(" . ").map(|(_, np)| np);
             let backs = |k: &str| {
                 value
                     .as_deref()
                     .is_some_and(|v| valid.get(k).is_some_and(|s| s.contains(v)))
             };
-            !(backs(fe) || node_port.is_some_and(backs))
+            match valid.contains_key(fe) {
+                true => !backs(fe),
+                // Not an address front end: a node port, whose slots are keyed by protocol
+                // and port alone.
+                false => !fe.split_once(" . ").is_some_and(|(_, np)| backs(np)),
+            }
         })
         .map(|(k, _)| k.clone())
         .collect()

@@ -157,18 +157,32 @@ impl NftExecutor for NftCommand {
     }
 
     fn forget(&mut self, family: IpFamily, keys: &[String]) -> Result<(), NftError> {
-        // One batch per entry: an entry that expired meanwhile fails only its own.
-        for key in keys {
+        let delete = |keys: &[String]| {
             let tx = Transaction {
                 ops: vec![Op::DeleteElements {
                     family,
                     set: MAP_AFFINITY.to_string(),
-                    keys: vec![key.clone()],
+                    keys: keys.to_vec(),
                 }],
             };
             match super::batch::try_commit(&tx) {
-                Ok(_) | Err(NetlinkError::Kernel { errno: 2, .. }) => {}
-                Err(e) => return Err(e.into()),
+                Ok(true) => Ok(()),
+                Ok(false) => Err(NftError::Netlink(NetlinkError::Malformed {
+                    what: "affinity delete".into(),
+                    detail: format!("cannot encode {keys:?}"),
+                })),
+                Err(e) => Err(NftError::Netlink(e)),
+            }
+        };
+        if keys.is_empty() || delete(keys).is_ok() {
+            return Ok(());
+        }
+        // One batch failed whole (an entry expired meanwhile): one entry at a time, where
+        // one already gone is no error.
+        for key in keys {
+            match delete(std::slice::from_ref(key)) {
+                Ok(()) | Err(NftError::Netlink(NetlinkError::Kernel { errno: 2, .. })) => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(())

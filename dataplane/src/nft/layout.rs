@@ -408,11 +408,25 @@ impl<'a> Builder<'a> {
             }
         }
         if eps.is_empty() {
-            // As kube-proxy's nftables mode: with no local endpoint, pods and the node are
-            // dropped too (its iptables mode would still short-circuit them).
             let verdict = if has_any { DROP } else { REJECT };
-            self.put_owned(rec, fe.none, fe.key, Some(verdict.to_string()));
-            return false;
+            self.put_owned(rec, fe.none, fe.key.clone(), Some(verdict.to_string()));
+            let Some(sc) = fe.shortcut.as_ref().filter(|_| has_any) else {
+                return false;
+            };
+            // A Local front end with no endpoint here, as kube-proxy's nftables mode: pods
+            // still go through its external chain, which short-circuits them to every
+            // endpoint; anyone else falls off its end, un-NATed, into the drop above (the
+            // node meets that drop before DNAT, in filter-output).
+            let verdict = self.slots(rec, &fe.key, sc.backends, sc.kind, all);
+            self.put_owned(rec, sc.dispatch, fe.key.clone(), Some(verdict));
+            self.use_chain(rec, fe.kind, 0);
+            self.put_owned(
+                rec,
+                fe.dispatch,
+                fe.key,
+                Some(format!("goto {}", fe.kind.chain(0))),
+            );
+            return true;
         }
         if let Some(sc) = &fe.shortcut {
             let verdict = self.slots(rec, &fe.key, sc.backends, sc.kind, all);
@@ -480,10 +494,17 @@ impl<'a> Builder<'a> {
             let verdict = format!("goto {}", LbKind::Affinity.chain(secs));
             for key in remembered {
                 // A node port's key can equal a front end another service holds only if
-                // the node port equals that service's port on a node address; first wins.
-                if !self.taken(MAP_AFFINITY_FRONTENDS, &key) {
-                    self.put_owned(&mut rec, MAP_AFFINITY_FRONTENDS, key, Some(verdict.clone()));
+                // that service's port, on a node address, equals the node port: the first
+                // keeps it, and as a conflict it makes the next change lay out in whole.
+                if self.taken(MAP_AFFINITY_FRONTENDS, &key) {
+                    rec.conflicts += 1;
+                    self.conflicts.push(format!(
+                        "service port {} ({}): session affinity for {key} is already kept for another service; skipped",
+                        svc.name, svc.family
+                    ));
+                    continue;
                 }
+                self.put_owned(&mut rec, MAP_AFFINITY_FRONTENDS, key, Some(verdict.clone()));
             }
         }
         // Hairpin: an endpoint reaching itself through the service must be masqueraded, or

@@ -41,6 +41,8 @@ pub struct NftBackend<E: NftExecutor> {
     held_at: Option<u32>,
     /// Whether the kernel may hold remembered session-affinity clients to check.
     remembered: bool,
+    /// A purge of stale remembered clients is owed (at start-up, after a failed one).
+    purge_pending: bool,
 }
 
 impl<E: NftExecutor> NftBackend<E> {
@@ -52,6 +54,7 @@ impl<E: NftExecutor> NftBackend<E> {
             held_at: None,
             // A restarted agent may find clients remembered by its predecessor.
             remembered: true,
+            purge_pending: true,
         }
     }
 
@@ -154,27 +157,30 @@ impl<E: NftExecutor> NftBackend<E> {
         Ok(())
     }
 
-    /// After a commit that changed something: forget remembered affinity clients whose
-    /// endpoint or front end is gone. Best effort (a failure is logged): until it succeeds,
-    /// such a client keeps reaching the old endpoint while it lives.
+    /// After a commit that took backends or remembering front ends out (or while an
+    /// earlier purge is owed): forget remembered affinity clients whose endpoint or front
+    /// end is gone, or they would keep reaching it. Best effort: a failure is logged and
+    /// retried at the next sync.
     fn forget_stale_clients(&mut self, desired: &Ruleset, tx: &transaction::Transaction) {
         let remembering = desired.tables.values().any(|t| {
             t.sets
                 .get(skeleton::MAP_AFFINITY_FRONTENDS)
                 .is_some_and(|s| !s.elements.is_empty())
         });
-        if tx.is_empty() || !(remembering || self.remembered) {
+        if !(remembering || self.remembered) || !(self.purge_pending || affinity::may_strand(tx)) {
             return;
         }
         self.remembered = remembering;
+        self.purge_pending = false;
         for (family, table) in &desired.tables {
             let result = self.exec.remembered(*family).and_then(|r| {
                 let stale = affinity::stale(table, &r);
                 self.exec.forget(*family, &stale)
             });
             if let Err(e) = result {
-                tracing::warn!("forgetting stale session-affinity clients ({family}): {e}");
+                tracing::warn!("forgetting stale session-affinity clients ({family}): {e}; retrying at the next sync");
                 self.remembered = true;
+                self.purge_pending = true;
             }
         }
     }

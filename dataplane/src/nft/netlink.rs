@@ -220,6 +220,26 @@ impl Reader {
         family: u8,
         attrs_buf: &[u8],
     ) -> Result<Vec<Vec<u8>>, NetlinkError> {
+        let mut out = Vec::new();
+        self.request_each(what, subsys, msg, flags, family, attrs_buf, &mut |body| {
+            out.push(body.to_vec())
+        })?;
+        Ok(out)
+    }
+
+    /// [`Self::request_to`], handing each reply's payload to `each` as it arrives instead
+    /// of collecting them (a conntrack dump can be large).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn request_each(
+        &mut self,
+        what: &str,
+        subsys: u16,
+        msg: u16,
+        flags: u16,
+        family: u8,
+        attrs_buf: &[u8],
+        each: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), NetlinkError> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let mut buf = Vec::with_capacity(32 + attrs_buf.len());
@@ -237,7 +257,7 @@ impl Reader {
             what: what.to_string(),
             detail: detail.to_string(),
         };
-        let mut out = Vec::new();
+        let mut replies = 0usize;
         let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
         loop {
             for reply in self.receive()? {
@@ -249,7 +269,7 @@ impl Reader {
                     return Err(NetlinkError::Interrupted(what.to_string()));
                 }
                 match kind {
-                    NLMSG_DONE => return Ok(out),
+                    NLMSG_DONE => return Ok(()),
                     NLMSG_ERROR => {
                         let errno = body
                             .get(..4)
@@ -258,18 +278,21 @@ impl Reader {
                             .ok_or_else(|| malformed("short error"))?;
                         if errno == 0 {
                             // The ACK that ends a non-dump request.
-                            return Ok(out);
+                            return Ok(());
                         }
                         return Err(NetlinkError::Kernel {
                             what: what.to_string(),
                             errno: -errno,
                         });
                     }
-                    _ => out.push(body.get(4..).unwrap_or(&[]).to_vec()),
+                    _ => {
+                        replies += 1;
+                        each(body.get(4..).unwrap_or(&[]));
+                    }
                 }
             }
-            if !dump && !out.is_empty() && flags & NLM_F_ACK == 0 {
-                return Ok(out);
+            if !dump && replies > 0 && flags & NLM_F_ACK == 0 {
+                return Ok(());
             }
         }
     }

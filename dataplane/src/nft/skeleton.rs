@@ -312,20 +312,27 @@ pub fn skeleton(node: &NodeConfig, family: IpFamily) -> Table {
         vec!["jump masquerading".into()],
     );
     // After DNAT and before masquerade: the client and the endpoint a new connection to an
-    // affinity front end reached. `ct original proto-dst` has a type only once the
-    // protocol is known, hence one rule per protocol.
+    // affinity front end reached; in input too, for endpoints on the node's own addresses.
+    // `ct original proto-dst` has a type only once the protocol is known, hence one rule
+    // per protocol.
+    let remember: Vec<String> = PROTOCOLS
+        .iter()
+        .map(|p| {
+            format!(
+                "ct state new ct status dnat meta l4proto {p} ct original {f} daddr . meta l4proto . ct original proto-dst vmap @{MAP_AFFINITY_FRONTENDS}",
+                f = w.fam
+            )
+        })
+        .collect();
     chain(
         "affinity-remember",
         base("filter", "postrouting", 99),
-        PROTOCOLS
-            .iter()
-            .map(|p| {
-                format!(
-                    "ct state new ct status dnat meta l4proto {p} ct original {f} daddr . meta l4proto . ct original proto-dst vmap @{MAP_AFFINITY_FRONTENDS}",
-                    f = w.fam
-                )
-            })
-            .collect(),
+        remember.clone(),
+    );
+    chain(
+        "affinity-remember-input",
+        base("filter", "input", 99),
+        remember,
     );
     chain(
         "services",
@@ -484,6 +491,10 @@ pub fn lb_chain(node: &NodeConfig, family: IpFamily, kind: LbKind, n: usize) -> 
             (format!("{f} daddr . meta l4proto . th dport"), MAP_BACKENDS)
         }
     };
+    // No endpoint of its own (a Local front end with none here): only the short-circuit.
+    if n == 0 {
+        return Chain::new(None, rules);
+    }
     // A client an affinity front end remembers goes where it went before; nobody else is
     // ever remembered, so for other services this lookup always misses.
     rules.push(format!(
