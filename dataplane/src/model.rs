@@ -274,6 +274,19 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The ports (every family) of service `namespace/name`.
+    pub fn ports_of_service<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a ServicePort> + 'a {
+        let start = ServicePortName::new(namespace, name, "", Protocol::Tcp);
+        self.services
+            .range((start, IpFamily::V4)..)
+            .take_while(move |((n, _), _)| n.namespace == namespace && n.name == name)
+            .map(|(_, svc)| svc)
+    }
+
     pub fn endpoints_of(&self, name: &ServicePortName) -> &[Endpoint] {
         self.endpoints.get(name).map(Vec::as_slice).unwrap_or(&[])
     }

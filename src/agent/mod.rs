@@ -354,6 +354,18 @@ impl Agent {
             Scope::Services(&changed)
         };
         let snapshot = self.store.snapshot();
+        // The health-check ports and UDP conntrack look at every service: only after syncs
+        // that can change them (a deleted service might have been one of theirs).
+        let follow_ups = full
+            || self.unsynced.node
+            || changed.iter().any(|(ns, name)| {
+                let mut ports = snapshot.ports_of_service(ns, name).peekable();
+                ports.peek().is_none()
+                    || ports.any(|p| {
+                        p.health_check_node_port != 0
+                            || p.name.protocol == dataplane::model::Protocol::Udp
+                    })
+            });
         // nft runs as a child process; keep the runtime's other tasks (HTTP, watches) going.
         let backend = self.backend.backend();
         let result = tokio::task::block_in_place(|| backend.sync(snapshot, scope));
@@ -365,14 +377,16 @@ impl Agent {
                 self.succeeded(report, done);
                 // As kube-proxy: the health-check ports and UDP conntrack follow each
                 // successful sync.
-                self.service_health.reconcile(self.store.snapshot());
-                self.clean_udp_conntrack(full);
+                if follow_ups {
+                    self.service_health.reconcile(self.store.snapshot());
+                    self.clean_udp_conntrack(full);
+                }
             }
             Err(e) => {
                 self.failed(&e, done, full);
                 // One family failed, the other was programmed: what follows a sync still
                 // applies to it.
-                if matches!(e, BackendError::Nft(NftError::Family { .. })) {
+                if follow_ups && matches!(e, BackendError::Nft(NftError::Family { .. })) {
                     self.service_health.reconcile(self.store.snapshot());
                     self.clean_udp_conntrack(full);
                 }
