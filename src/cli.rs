@@ -80,6 +80,12 @@ pub struct CleanupArgs {
     /// iptables: auto (the back end holding rules), nft or legacy.
     #[arg(long, default_value = "auto")]
     pub iptables_backend: String,
+    /// Remove kube-proxy's leftovers instead (its `kube-proxy` nftables tables and its
+    /// iptables chains on both back ends), for a node moving from kube-proxy. Switchyard's
+    /// iptables mode uses the same chain names: run it before Switchyard starts in iptables
+    /// mode, or let Switchyard's next full sync rewrite them.
+    #[arg(long, conflicts_with_all = ["proxy_mode"])]
+    pub kube_proxy: bool,
 }
 
 /// kube-proxy's flags; each overrides the configuration file.

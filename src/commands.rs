@@ -8,10 +8,10 @@ use crate::nodeaddr::Interfaces;
 use crate::snapshot::{self, Skipped};
 use dataplane::backend::{Backend, BackendError, Scope};
 use dataplane::conntrack::{self, Ctnetlink, UdpFrontends};
-use dataplane::iptables::exec::{IptablesCommand, IptablesError};
+use dataplane::iptables::exec::{IptablesCommand, IptablesError, Variant};
 use dataplane::iptables::IptablesBackend;
-use dataplane::model::Snapshot;
-use dataplane::nft::exec::NftCommand;
+use dataplane::model::{IpFamily, Snapshot};
+use dataplane::nft::exec::{NftCommand, NftError};
 use dataplane::nft::NftBackend;
 
 /// Errors that end a command.
@@ -151,7 +151,47 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// `cleanup --kube-proxy`: kube-proxy's nftables tables, and its iptables chains on each
+/// back end that has tables (the legacy one only when the kernel lists legacy tables, since
+/// looking would create them).
+fn cleanup_kube_proxy() -> Result<(), CommandError> {
+    let mut nft = NftCommand::default();
+    for family in IpFamily::ALL {
+        match nft.delete_foreign_table(family, "kube-proxy") {
+            Ok(true) => println!("cleanup: removed kube-proxy's nftables table ({family})"),
+            Ok(false) => {}
+            Err(NftError::Spawn { program, .. }) => {
+                println!("cleanup: {program} is not installed; no nftables tables to remove");
+                break;
+            }
+            Err(e) => return Err(BackendError::from(e).into()),
+        }
+    }
+    let legacy_tables =
+        std::fs::read_to_string("/proc/net/ip_tables_names").is_ok_and(|t| !t.trim().is_empty());
+    for variant in [Variant::Nft, Variant::Legacy] {
+        if variant == Variant::Legacy && !legacy_tables {
+            continue;
+        }
+        let mut backend = IptablesBackend::new(IptablesCommand::for_variant(Some(variant)));
+        match backend.cleanup() {
+            Ok(removed) => println!(
+                "cleanup: removed {removed} kube-proxy iptables chains ({})",
+                variant.as_str()
+            ),
+            Err(BackendError::Iptables(IptablesError::Spawn { program, .. })) => {
+                println!("cleanup: {program} is not installed; nothing to remove there")
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 fn cleanup(args: &CleanupArgs) -> Result<(), CommandError> {
+    if args.kube_proxy {
+        return cleanup_kube_proxy();
+    }
     let mode = match &args.proxy_mode {
         None => None,
         Some(m) => match ProxyMode::parse(m) {

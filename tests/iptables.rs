@@ -170,3 +170,72 @@ fn iptables_mode_coexists_with_other_tools_on_both_back_ends() {
         assert!(ours.is_empty(), "{variant}: cleanup left ours: {ours:#?}");
     }
 }
+
+/// `cleanup --kube-proxy` on a node kube-proxy ran on: its nftables tables and its iptables
+/// chains (with the jumps to them, on both back ends) go; Docker's chains, another nft
+/// table and Switchyard's own tables stay.
+#[test]
+fn cleanup_kube_proxy_removes_kube_proxys_leftovers_only() {
+    let name = format!("{}ipt-kp", netns::unique_prefix());
+    if let Err(e) = netns::create_namespace(&name) {
+        assert!(
+            std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
+            "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
+        );
+        println!("SKIP: {e}");
+        return;
+    }
+    let ns = Ns(name);
+    let tables = "table ip kube-proxy {\n chain services { counter; }\n}\n\
+                  table ip6 kube-proxy {\n chain services { counter; }\n}\n\
+                  table inet filter {\n chain input { type filter hook input priority 0; policy accept; tcp dport 22 accept; }\n}\n\
+                  table ip switchyard {\n chain services { counter; }\n}\n";
+    let out = {
+        let all = ["netns", "exec", &ns.0, "nft", "-f", "-"];
+        netns::run("ip", &all, Some(tables), netns::CMD_TIMEOUT)
+    };
+    assert!(out.success(), "{}", out.transcript());
+    for ipt in ["iptables-nft", "iptables-legacy"] {
+        for rule in [
+            "-t nat -N KUBE-SERVICES",
+            "-t nat -N KUBE-SVC-XPGD46QRK7WJZT7O",
+            "-t nat -N KUBE-MARK-MASQ",
+            "-t nat -A KUBE-SERVICES -j KUBE-SVC-XPGD46QRK7WJZT7O",
+            "-t nat -A PREROUTING -m comment --comment kubernetes-service-portals -j KUBE-SERVICES",
+            "-t filter -N KUBE-FORWARD",
+            "-t filter -A FORWARD -j KUBE-FORWARD",
+            "-t nat -N DOCKER",
+            "-t nat -A DOCKER -j RETURN",
+            "-t nat -A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER",
+        ] {
+            let args: Vec<&str> = rule.split(' ').collect();
+            ns.must(ipt, &args);
+        }
+    }
+    let out = ns.must(
+        env!("CARGO_BIN_EXE_switchyard"),
+        &["cleanup", "--kube-proxy"],
+    );
+    assert!(out.contains("kube-proxy's nftables table"), "{out}");
+
+    let listed = ns.must("nft", &["list", "tables"]);
+    assert!(!listed.contains("kube-proxy"), "{listed}");
+    assert!(listed.contains("table inet filter"), "{listed}");
+    assert!(
+        listed.contains("table ip switchyard"),
+        "ours stay: {listed}"
+    );
+    for save in ["iptables-nft-save", "iptables-legacy-save"] {
+        let rules = ns.must(save, &[]);
+        assert!(!rules.contains("KUBE-"), "{save}:\n{rules}");
+        assert_eq!(
+            lines_of(&rules, "DOCKER"),
+            ["-A DOCKER -j RETURN"],
+            "{save}"
+        );
+        assert!(
+            rules.contains("-A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER"),
+            "{save}:\n{rules}"
+        );
+    }
+}

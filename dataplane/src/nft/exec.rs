@@ -99,6 +99,18 @@ impl NftCommand {
 }
 
 impl NftCommand {
+    /// Delete another program's table (kube-proxy's `kube-proxy` tables on a node moving to
+    /// Switchyard); `Ok(false)` when there is none.
+    pub fn delete_foreign_table(&mut self, family: IpFamily, name: &str) -> Result<bool, NftError> {
+        let fam = family_name(family);
+        let (ok, _, stderr) = self.run(&["delete", "table", fam, name], None)?;
+        match (ok, stderr.contains("No such file or directory")) {
+            (true, _) => Ok(true),
+            (false, true) => Ok(false),
+            (false, false) => Err(NftError::Rejected { ops: 1, stderr }),
+        }
+    }
+
     /// Our tables as `nft -j list table` shows them: the slow reference reader, kept to
     /// check the netlink one against.
     pub fn read_json(&mut self) -> Result<Ruleset, NftError> {
