@@ -27,6 +27,18 @@ pub enum Command {
     Run(RunArgs),
     /// Remove everything Switchyard installed, and nothing else.
     Cleanup(CleanupArgs),
+    /// What a running agent programs, from its metrics and health endpoints.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The agent's metricsBindAddress.
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    pub metrics_address: String,
+    /// The agent's healthzBindAddress.
+    #[arg(long, default_value = "127.0.0.1:10256")]
+    pub healthz_address: String,
 }
 
 /// Configuration and manifests.

@@ -1,7 +1,7 @@
 //! The subcommands: load inputs, build the snapshot, and hand it to the backend.
 
 use crate::agent::{self, AgentError};
-use crate::cli::{CleanupArgs, Command, Inputs, RunArgs, SyncArgs};
+use crate::cli::{CleanupArgs, Command, Inputs, RunArgs, StatusArgs, SyncArgs};
 use crate::config::{self, ConfigError, ProxyConfig, ProxyMode};
 use crate::manifests::{self, ManifestError};
 use crate::nodeaddr::Interfaces;
@@ -29,6 +29,11 @@ pub enum CommandError {
     ModeNotImplemented(&'static str),
     #[error("`sync` without --once is the continuous agent: use `switchyard run`, or pass --once")]
     NeedOnce,
+    #[error("status: cannot read the agent's metrics at {addr} (--metrics-address): {source}")]
+    Status {
+        addr: String,
+        source: std::io::Error,
+    },
 }
 
 pub fn run(cmd: Command) -> Result<(), CommandError> {
@@ -37,6 +42,7 @@ pub fn run(cmd: Command) -> Result<(), CommandError> {
         Command::Sync(args) => sync(&args),
         Command::Run(args) => run_agent(&args),
         Command::Cleanup(args) => cleanup(&args),
+        Command::Status(args) => status(&args),
     }
 }
 
@@ -185,6 +191,36 @@ fn cleanup_kube_proxy() -> Result<(), CommandError> {
             Err(e) => return Err(e.into()),
         }
     }
+    Ok(())
+}
+
+fn status(args: &StatusArgs) -> Result<(), CommandError> {
+    let (code, metrics) =
+        crate::status::get(&args.metrics_address, "/metrics").map_err(|source| {
+            CommandError::Status {
+                addr: args.metrics_address.clone(),
+                source,
+            }
+        })?;
+    if code != 200 {
+        return Err(CommandError::Status {
+            addr: args.metrics_address.clone(),
+            source: std::io::Error::other(format!("HTTP {code}")),
+        });
+    }
+    let health = crate::status::get(&args.healthz_address, "/healthz").ok();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    print!(
+        "{}",
+        crate::status::table(
+            &metrics,
+            health.as_ref().map(|(c, b)| (*c, b.as_str())),
+            now
+        )
+    );
     Ok(())
 }
 

@@ -9,6 +9,7 @@ mod convert;
 mod manifests;
 mod nodeaddr;
 mod snapshot;
+mod status;
 
 use clap::Parser;
 use std::process::ExitCode;

@@ -577,6 +577,53 @@ fn health_check_node_ports_follow_local_endpoints() {
     assert!(status.success(), "{status:?}\n{}", agent.log());
 }
 
+/// `switchyard status` beside a running agent shows what it programs and its health; with
+/// no agent there, it fails naming the address it tried.
+#[test]
+fn status_shows_what_a_running_agent_programs() {
+    let dir = tempfile::tempdir().unwrap();
+    write_atomically(&dir.path().join("cluster.yaml"), &manifests("10.0.0.1"));
+    let Some(agent) = Agent::start("status", dir.path()) else {
+        return;
+    };
+    agent.wait_ruleset("the first sync", |rs| rs.contains("10.0.0.1"));
+    agent.wait_metric("kubeproxy_sync_proxy_rules_duration_seconds_count", 1.0);
+    let run = |args: &[&str]| {
+        let mut all = vec![
+            "netns",
+            "exec",
+            &agent.ns,
+            env!("CARGO_BIN_EXE_switchyard"),
+            "status",
+        ];
+        all.extend_from_slice(args);
+        netns::run("ip", &all, None, netns::CMD_TIMEOUT)
+    };
+    let out = run(&[]);
+    assert!(out.success(), "{}", out.transcript());
+    let row = |name: &str| -> String {
+        out.stdout
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row:\n{}", out.stdout))
+            .trim_start_matches(name)
+            .trim()
+            .to_string()
+    };
+    assert_eq!(row("service ports"), "1");
+    assert_eq!(row("endpoints"), "1");
+    assert!(row("health").starts_with("healthy"), "{}", out.stdout);
+    assert!(row("last sync").ends_with("s ago"), "{}", out.stdout);
+    assert_eq!(row("sync failures"), "none");
+    let bad = run(&["--metrics-address", "127.0.0.1:1"]);
+    assert!(!bad.success());
+    assert!(
+        bad.stderr.contains("--metrics-address"),
+        "{}",
+        bad.transcript()
+    );
+}
+
 #[test]
 fn run_refuses_a_bad_bind_address_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();

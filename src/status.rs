@@ -1,0 +1,338 @@
+//! `switchyard status`: what a running agent programs, read from its own metrics and health
+//! endpoints, as a table for a terminal. Parsing and the table are pure; fetching is a
+//! plain HTTP/1.1 GET.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+/// One sample of the Prometheus text exposition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+impl Sample {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The samples of a text exposition (comments and malformed lines skipped).
+pub fn parse(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|line| {
+            let (head, value) = line.rsplit_once(' ')?;
+            let value: f64 = match value {
+                "+Inf" => f64::INFINITY,
+                "-Inf" => f64::NEG_INFINITY,
+                v => v.parse().ok()?,
+            };
+            let (name, labels) = match head.split_once('{') {
+                None => (head.to_string(), Vec::new()),
+                Some((name, rest)) => {
+                    let body = rest.strip_suffix('}')?;
+                    let labels = body
+                        .split("\",")
+                        .filter(|p| !p.is_empty())
+                        .filter_map(|p| {
+                            let (k, v) = p.split_once("=\"")?;
+                            Some((k.to_string(), v.trim_end_matches('"').to_string()))
+                        })
+                        .collect();
+                    (name.to_string(), labels)
+                }
+            };
+            Some(Sample {
+                name,
+                labels,
+                value,
+            })
+        })
+        .collect()
+}
+
+fn value(samples: &[Sample], name: &str, label: Option<(&str, &str)>) -> Option<f64> {
+    samples
+        .iter()
+        .find(|s| s.name == name && label.is_none_or(|(k, v)| s.label(k) == Some(v)))
+        .map(|s| s.value)
+}
+
+/// The `q` quantile of a cumulative histogram, interpolated within its bucket as
+/// Prometheus's `histogram_quantile` does; `None` without observations.
+pub fn quantile(samples: &[Sample], histogram: &str, q: f64) -> Option<f64> {
+    let name = format!("{histogram}_bucket");
+    let mut buckets: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|s| s.name == name)
+        .filter_map(|s| {
+            let le = match s.label("le")? {
+                "+Inf" => f64::INFINITY,
+                v => v.parse().ok()?,
+            };
+            Some((le, s.value))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut prev = (0.0, 0.0);
+    for (le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return Some(prev.0);
+            }
+            let within = (count - prev.1).max(f64::MIN_POSITIVE);
+            return Some(prev.0 + (le - prev.0) * (rank - prev.1) / within);
+        }
+        prev = (le, count);
+    }
+    Some(prev.0)
+}
+
+fn ms(secs: Option<f64>) -> String {
+    secs.map(|s| format!("{:.1} ms", s * 1000.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn count(v: Option<f64>) -> String {
+    v.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into())
+}
+
+/// The table: from the metrics text, the health reply (status and JSON body) and the
+/// current Unix time.
+pub fn table(metrics: &str, health: Option<(u16, &str)>, now_unix: f64) -> String {
+    let s = parse(metrics);
+    let mut rows: Vec<(&str, String)> = Vec::new();
+    let health_row = match health {
+        Some((200, _)) => "healthy (/healthz 200)".to_string(),
+        Some((code, body)) => {
+            let eligible = serde_json::from_str::<serde_json::Value>(body)
+                .ok()
+                .and_then(|v| v["nodeEligible"].as_bool());
+            match eligible {
+                Some(false) => format!("node being deleted (/healthz {code})"),
+                _ => format!("UNHEALTHY: updates pending too long (/healthz {code})"),
+            }
+        }
+        None => "health endpoint unreachable".to_string(),
+    };
+    rows.push(("health", health_row));
+    rows.push((
+        "service ports",
+        count(value(
+            &s,
+            "switchyard_programmed",
+            Some(("what", "service_ports")),
+        )),
+    ));
+    rows.push((
+        "endpoints",
+        count(value(
+            &s,
+            "switchyard_programmed",
+            Some(("what", "endpoints")),
+        )),
+    ));
+    let last = value(
+        &s,
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        None,
+    )
+    .filter(|t| *t > 0.0);
+    rows.push((
+        "last sync",
+        last.map(|t| format!("{:.1} s ago", (now_unix - t).max(0.0)))
+            .unwrap_or_else(|| "never".into()),
+    ));
+    let syncs = "kubeproxy_sync_proxy_rules_duration_seconds";
+    rows.push((
+        "syncs (full / partial)",
+        format!(
+            "{} ({} / {})",
+            count(value(&s, &format!("{syncs}_count"), None)),
+            count(value(
+                &s,
+                "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+                None
+            )),
+            count(value(
+                &s,
+                "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+                None
+            )),
+        ),
+    ));
+    rows.push((
+        "sync latency p50 / p99",
+        format!(
+            "{} / {}",
+            ms(quantile(&s, syncs, 0.5)),
+            ms(quantile(&s, syncs, 0.99))
+        ),
+    ));
+    rows.push((
+        "pending changes",
+        format!(
+            "{} services, {} endpoint slices",
+            count(value(
+                &s,
+                "kubeproxy_sync_proxy_rules_service_changes_pending",
+                None
+            )),
+            count(value(
+                &s,
+                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                None
+            )),
+        ),
+    ));
+    let failures: Vec<String> = s
+        .iter()
+        .filter(|x| x.name == "switchyard_sync_failures_total" && x.value > 0.0)
+        .map(|x| format!("{} {:.0}", x.label("reason").unwrap_or("?"), x.value))
+        .collect();
+    rows.push((
+        "sync failures",
+        if failures.is_empty() {
+            "none".into()
+        } else {
+            failures.join(", ")
+        },
+    ));
+    rows.push((
+        "drift repairs",
+        count(value(&s, "switchyard_drift_repairs_total", None)),
+    ));
+    rows.push((
+        "no local endpoints",
+        format!(
+            "{} internal, {} external",
+            count(value(
+                &s,
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                Some(("traffic_policy", "internal"))
+            )),
+            count(value(
+                &s,
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                Some(("traffic_policy", "external"))
+            )),
+        ),
+    ));
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    rows.iter()
+        .map(|(k, v)| format!("{k:<width$}  {v}\n"))
+        .collect()
+}
+
+/// GET `path` from `addr`: (status, body).
+pub fn get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let sa: SocketAddr = addr.parse().map_err(|e| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{addr}: {e}"))
+    })?;
+    let mut s = TcpStream::connect_timeout(&sa, Duration::from_secs(3))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    Ok((
+        code,
+        if chunked {
+            dechunk(body)
+        } else {
+            body.to_string()
+        },
+    ))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = r#"# HELP x
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="0.001"} 0
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="0.002"} 5
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="0.004"} 10
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="+Inf"} 10
+kubeproxy_sync_proxy_rules_duration_seconds_count 10
+kubeproxy_sync_full_proxy_rules_duration_seconds_count 1
+kubeproxy_sync_partial_proxy_rules_duration_seconds_count 9
+kubeproxy_sync_proxy_rules_last_timestamp_seconds 1000
+switchyard_programmed{what="service_ports"} 42
+switchyard_programmed{what="endpoints"} 420
+switchyard_sync_failures_total{reason="rejected"} 2
+switchyard_drift_repairs_total 1
+kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 3
+"#;
+
+    #[test]
+    fn quantiles_interpolate_within_the_bucket() {
+        let s = parse(TEXT);
+        assert_eq!(
+            quantile(&s, "kubeproxy_sync_proxy_rules_duration_seconds", 0.5),
+            Some(0.002)
+        );
+        let p75 = quantile(&s, "kubeproxy_sync_proxy_rules_duration_seconds", 0.75).unwrap();
+        assert!((p75 - 0.003).abs() < 1e-9, "{p75}");
+        assert_eq!(quantile(&[], "x", 0.5), None);
+    }
+
+    #[test]
+    fn the_table_says_what_is_programmed_and_what_went_wrong() {
+        let t = table(TEXT, Some((200, "{}")), 1003.0);
+        for want in [
+            "service ports           42",
+            "endpoints               420",
+            "last sync               3.0 s ago",
+            "syncs (full / partial)  10 (1 / 9)",
+            "sync failures           rejected 2",
+            "drift repairs           1",
+            "no local endpoints      - internal, 3 external",
+            "healthy",
+        ] {
+            assert!(t.contains(want), "{want:?} in\n{t}");
+        }
+        let t = table(TEXT, Some((503, r#"{"nodeEligible": true}"#)), 1003.0);
+        assert!(t.contains("UNHEALTHY"), "{t}");
+        assert!(table("", None, 0.0).contains("last sync               never"));
+    }
+}
