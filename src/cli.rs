@@ -29,6 +29,27 @@ pub enum Command {
     Cleanup(CleanupArgs),
     /// What a running agent programs, from its metrics and health endpoints.
     Status(StatusArgs),
+    /// What the rules do with one packet, and why.
+    Trace(TraceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub inputs: Inputs,
+    /// Source address.
+    #[arg(long)]
+    pub from: String,
+    /// Destination, as IP:PORT/PROTO ([IPv6]:PORT/PROTO; PROTO defaults to TCP).
+    #[arg(long)]
+    pub to: String,
+    /// Where the packet starts: pod, node, localhost or external (default: from the source
+    /// address).
+    #[arg(long)]
+    pub from_kind: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -1,7 +1,7 @@
 //! The subcommands: load inputs, build the snapshot, and hand it to the backend.
 
 use crate::agent::{self, AgentError};
-use crate::cli::{CleanupArgs, Command, Inputs, RunArgs, StatusArgs, SyncArgs};
+use crate::cli::{CleanupArgs, Command, Inputs, RunArgs, StatusArgs, SyncArgs, TraceArgs};
 use crate::config::{self, ConfigError, ProxyConfig, ProxyMode};
 use crate::manifests::{self, ManifestError};
 use crate::nodeaddr::Interfaces;
@@ -29,6 +29,12 @@ pub enum CommandError {
     ModeNotImplemented(&'static str),
     #[error("`sync` without --once is the continuous agent: use `switchyard run`, or pass --once")]
     NeedOnce,
+    #[error("trace: {field} {value:?}: {message}")]
+    Trace {
+        field: &'static str,
+        value: String,
+        message: &'static str,
+    },
     #[error("status: cannot read the agent's metrics at {addr} (--metrics-address): {source}")]
     Status {
         addr: String,
@@ -43,6 +49,7 @@ pub fn run(cmd: Command) -> Result<(), CommandError> {
         Command::Run(args) => run_agent(&args),
         Command::Cleanup(args) => cleanup(&args),
         Command::Status(args) => status(&args),
+        Command::Trace(args) => trace(&args),
     }
 }
 
@@ -190,6 +197,80 @@ fn cleanup_kube_proxy() -> Result<(), CommandError> {
             }
             Err(e) => return Err(e.into()),
         }
+    }
+    Ok(())
+}
+
+fn trace(args: &TraceArgs) -> Result<(), CommandError> {
+    use dataplane::trace::{self as tr, Origin, Packet, Verdict};
+    let bad = |field: &'static str, value: &str, message: &'static str| CommandError::Trace {
+        field,
+        value: value.to_string(),
+        message,
+    };
+    let (cfg, snap) = load(&args.inputs)?;
+    let source: std::net::IpAddr = args
+        .from
+        .parse()
+        .map_err(|_| bad("--from", &args.from, "not an IP address"))?;
+    let (addr, proto) = args.to.rsplit_once('/').unwrap_or((&args.to, "TCP"));
+    let destination: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|_| bad("--to", &args.to, "not IP:PORT/PROTO"))?;
+    let protocol = match proto.to_ascii_uppercase().as_str() {
+        "TCP" => dataplane::model::Protocol::Tcp,
+        "UDP" => dataplane::model::Protocol::Udp,
+        "SCTP" => dataplane::model::Protocol::Sctp,
+        _ => return Err(bad("--to", &args.to, "protocol is not TCP, UDP or SCTP")),
+    };
+    let origin = match args.from_kind.as_deref() {
+        None => Origin::infer(&snap.node, source),
+        Some("pod") => Origin::Pod,
+        Some("node") => Origin::Node,
+        Some("localhost") => Origin::Localhost,
+        Some("external") => Origin::External,
+        Some(other) => {
+            return Err(bad(
+                "--from-kind",
+                other,
+                "not one of pod, node, localhost, external",
+            ))
+        }
+    };
+    let mode = match cfg.mode {
+        ProxyMode::Iptables => tr::Mode::Iptables,
+        _ => tr::Mode::Nftables,
+    };
+    let t = tr::trace(
+        &snap,
+        mode,
+        &Packet {
+            source,
+            destination,
+            protocol,
+            origin,
+        },
+    );
+    if args.json {
+        let (verdict, endpoints, masquerade) = match &t.verdict {
+            Verdict::Dnat {
+                endpoints,
+                masquerade,
+            } => ("DNAT", endpoints.clone(), Some(*masquerade)),
+            Verdict::Reject => ("REJECT", Vec::new(), None),
+            Verdict::Drop => ("DROP", Vec::new(), None),
+            Verdict::Accept => ("ACCEPT", Vec::new(), None),
+        };
+        let eps: Vec<serde_json::Value> = endpoints
+            .iter()
+            .map(|(e, p)| serde_json::json!({ "endpoint": e.to_string(), "probability": p }))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({ "verdict": verdict, "endpoints": eps, "masquerade": masquerade, "steps": t.steps })
+        );
+    } else {
+        print!("{}", tr::render(&t));
     }
     Ok(())
 }

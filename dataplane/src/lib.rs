@@ -12,3 +12,4 @@ pub mod nft;
 pub mod process;
 pub mod selection;
 pub mod synth;
+pub mod trace;
