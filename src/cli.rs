@@ -35,8 +35,21 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct TraceArgs {
+    /// KubeProxyConfiguration file.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Manifest files (a file or a directory) to trace against, instead of a live cluster.
+    #[arg(long, conflicts_with_all = ["kubeconfig", "master"])]
+    pub manifests: Option<PathBuf>,
+    /// A live cluster's kubeconfig (default without --manifests: clientConnection.kubeconfig,
+    /// else in-cluster configuration); its objects are listed once.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The API server's address, overriding the kubeconfig's.
+    #[arg(long)]
+    pub master: Option<String>,
     #[command(flatten)]
-    pub inputs: Inputs,
+    pub flags: ProxyFlags,
     /// Source address.
     #[arg(long)]
     pub from: String,

@@ -29,6 +29,8 @@ pub enum CommandError {
     ModeNotImplemented(&'static str),
     #[error("`sync` without --once is the continuous agent: use `switchyard run`, or pass --once")]
     NeedOnce,
+    #[error("listing the cluster's objects: {0}")]
+    Live(String),
     #[error("trace: {field} {value:?}: {message}")]
     Trace {
         field: &'static str,
@@ -208,7 +210,14 @@ fn trace(args: &TraceArgs) -> Result<(), CommandError> {
         value: value.to_string(),
         message,
     };
-    let (cfg, snap) = load(&args.inputs)?;
+    let (cfg, snap) = match &args.manifests {
+        Some(path) => load(&Inputs {
+            config: args.config.clone(),
+            manifests: path.clone(),
+            flags: args.flags.clone(),
+        })?,
+        None => trace_live(args)?,
+    };
     let source: std::net::IpAddr = args
         .from
         .parse()
@@ -273,6 +282,31 @@ fn trace(args: &TraceArgs) -> Result<(), CommandError> {
         print!("{}", tr::render(&t));
     }
     Ok(())
+}
+
+/// The configuration and a snapshot of a live cluster, listed once.
+fn trace_live(args: &TraceArgs) -> Result<(ProxyConfig, Snapshot), CommandError> {
+    let cfg = load_config(args.config.as_deref(), &args.flags)?;
+    let conn = agent::kube_source::Connection {
+        kubeconfig: args.kubeconfig.clone().or_else(|| cfg.kubeconfig.clone()),
+        master: args.master.clone(),
+    };
+    let node = snapshot::node_name(&cfg);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(AgentError::Runtime)?;
+    let objs = rt.block_on(async {
+        let client = agent::kube_source::client(&conn)
+            .await
+            .map_err(AgentError::from)?;
+        agent::kube_source::list_once(client, &node)
+            .await
+            .map_err(|e| CommandError::Live(e.to_string()))
+    })?;
+    let (snap, skipped) = snapshot::build(&cfg, &objs, &Interfaces);
+    report_skipped(&skipped);
+    Ok((cfg, snap))
 }
 
 fn status(args: &StatusArgs) -> Result<(), CommandError> {

@@ -624,6 +624,42 @@ fn status_shows_what_a_running_agent_programs() {
     );
 }
 
+/// `switchyard trace` against a live cluster (the fixture API server over real HTTP): it
+/// lists what the agent would watch, once, and traces on it.
+#[test]
+fn trace_against_a_live_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = apiserver::ApiServer::start(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    api.apply(json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-a"},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.10"}]}}));
+    api.apply(service("web", "172.30.0.1", json!({})));
+    api.apply(slice("web", &["10.1.0.1", "10.1.0.2"]));
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["trace", "--hostname-override", "node-a", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["--from", "10.9.0.1", "--to", "172.30.0.1:80/TCP", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["verdict"], "DNAT", "{v}");
+    let eps: Vec<&str> = v["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["endpoint"].as_str().unwrap())
+        .collect();
+    assert_eq!(eps, ["10.1.0.1:8080", "10.1.0.2:8080"], "{v}");
+    assert_eq!(v["endpoints"][0]["probability"], 0.5);
+}
+
 #[test]
 fn run_refuses_a_bad_bind_address_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();

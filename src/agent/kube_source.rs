@@ -75,6 +75,35 @@ pub async fn client(conn: &Connection) -> Result<Client, ConnectError> {
     Ok(Client::try_from(config)?)
 }
 
+/// Everything the agent would watch, listed once (for `switchyard trace` against a live
+/// cluster): the same selectors, this node only.
+pub async fn list_once(
+    client: Client,
+    node_name: &str,
+) -> Result<crate::manifests::Manifests, kube::Error> {
+    use kube::api::ListParams;
+    let selected = ListParams::default().labels(SERVICE_SELECTOR);
+    let this_node = ListParams::default().fields(&format!("metadata.name={node_name}"));
+    Ok(crate::manifests::Manifests {
+        services: Api::<Service>::all(client.clone())
+            .list(&selected)
+            .await?
+            .items,
+        slices: Api::<EndpointSlice>::all(client.clone())
+            .list(&selected)
+            .await?
+            .items,
+        nodes: Api::<Node>::all(client.clone())
+            .list(&this_node)
+            .await?
+            .items,
+        service_cidrs: Api::<ServiceCIDR>::all(client)
+            .list(&ListParams::default())
+            .await?
+            .items,
+    })
+}
+
 /// Start one watcher per kind; they run until the receiver goes away.
 pub fn spawn(client: Client, node_name: &str, tx: mpsc::Sender<Arrival>, metrics: Metrics) {
     let services: Api<Service> = Api::all(client.clone());
