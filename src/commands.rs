@@ -31,6 +31,8 @@ pub enum CommandError {
     NeedOnce,
     #[error("listing the cluster's objects: {0}")]
     Live(String),
+    #[error("cleanup: {0}")]
+    Cleanup(String),
     #[error("trace: {field} {value:?}: {message}")]
     Trace {
         field: &'static str,
@@ -199,6 +201,17 @@ fn cleanup_kube_proxy() -> Result<(), CommandError> {
             }
             Err(e) => return Err(e.into()),
         }
+    }
+    match crate::nodeaddr::delete_link("kube-ipvs0") {
+        Ok(true) => println!("cleanup: removed kube-proxy's kube-ipvs0 interface"),
+        Ok(false) => {}
+        Err(e) => return Err(CommandError::Cleanup(e)),
+    }
+    if std::path::Path::new("/proc/net/ip_vs").exists() {
+        // IPVS mode arrives with its own issue; until then its services are not read.
+        println!(
+            "cleanup: this kernel has IPVS; kube-proxy's IPVS virtual services, if any, are not removed yet (ipvsadm -C clears every one)"
+        );
     }
     Ok(())
 }

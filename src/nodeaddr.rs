@@ -89,3 +89,43 @@ fn read() -> Result<Vec<IpAddr>, String> {
         Ok(out)
     })
 }
+
+/// Delete the interface `name` (kube-proxy's `kube-ipvs0`) if it exists, over rtnetlink;
+/// `Ok(false)` when there is none.
+pub fn delete_link(name: &str) -> Result<bool, String> {
+    let name = name.to_string();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
+                let task = tokio::spawn(conn);
+                let mut links = handle.link().get().match_name(name.clone()).execute();
+                let found = match links.try_next().await {
+                    Ok(Some(link)) => Some(link.header.index),
+                    Ok(None) => None,
+                    // The kernel answers a name it does not know with ENODEV.
+                    Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -19 => None,
+                    Err(e) => return Err(e.to_string()),
+                };
+                let result = match found {
+                    Some(index) => handle
+                        .link()
+                        .del(index)
+                        .execute()
+                        .await
+                        .map(|_| true)
+                        .map_err(|e| format!("deleting {name}: {e}")),
+                    None => Ok(false),
+                };
+                task.abort();
+                result
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| Err("link deleter panicked".to_string()))
+    })
+}

@@ -212,11 +212,20 @@ fn cleanup_kube_proxy_removes_kube_proxys_leftovers_only() {
             ns.must(ipt, &args);
         }
     }
-    let out = ns.must(
-        env!("CARGO_BIN_EXE_switchyard"),
-        &["cleanup", "--kube-proxy"],
-    );
+    // kube-proxy's IPVS mode binds service addresses to kube-ipvs0 (a dummy interface;
+    // this kernel has no dummy driver, and the cleanup goes by name), beside one to keep.
+    ns.must("ip", &["link", "add", "kube-ipvs0", "type", "bridge"]);
+    ns.must("ip", &["link", "add", "keep0", "type", "bridge"]);
+    let sy = env!("CARGO_BIN_EXE_switchyard");
+    let out = ns.must(sy, &["cleanup", "--kube-proxy"]);
     assert!(out.contains("kube-proxy's nftables table"), "{out}");
+    assert!(out.contains("kube-ipvs0"), "{out}");
+    let links = ns.must("ip", &["-o", "link", "show"]);
+    assert!(!links.contains("kube-ipvs0"), "{links}");
+    assert!(links.contains("keep0"), "{links}");
+    // Nothing left: a second run finds nothing and succeeds.
+    let again = ns.must(sy, &["cleanup", "--kube-proxy"]);
+    assert!(!again.contains("kube-ipvs0"), "{again}");
 
     let listed = ns.must("nft", &["list", "tables"]);
     assert!(!listed.contains("kube-proxy"), "{listed}");
