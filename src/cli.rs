@@ -35,21 +35,9 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct TraceArgs {
-    /// KubeProxyConfiguration file.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Manifest files (a file or a directory) to trace against, instead of a live cluster.
-    #[arg(long, conflicts_with_all = ["kubeconfig", "master"])]
-    pub manifests: Option<PathBuf>,
-    /// A live cluster's kubeconfig (default without --manifests: clientConnection.kubeconfig,
-    /// else in-cluster configuration); its objects are listed once.
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-    /// The API server's address, overriding the kubeconfig's.
-    #[arg(long)]
-    pub master: Option<String>,
+    /// Where the objects come from: manifests, or a live cluster listed once.
     #[command(flatten)]
-    pub flags: ProxyFlags,
+    pub source: RunArgs,
     /// Source address.
     #[arg(long)]
     pub from: String,
@@ -105,7 +93,8 @@ pub struct RunArgs {
     /// KubeProxyConfiguration file.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Watch these manifest files (a file or a directory) instead of an API server.
+    /// These manifest files (a file or a directory) instead of an API server (`run` watches
+    /// them).
     #[arg(long, conflicts_with_all = ["kubeconfig", "master"])]
     pub manifests: Option<PathBuf>,
     /// kubeconfig file (default: clientConnection.kubeconfig, else in-cluster configuration).

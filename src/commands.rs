@@ -64,14 +64,19 @@ fn run_agent(args: &RunArgs) -> Result<(), CommandError> {
     }
     let source = match &args.manifests {
         Some(path) => agent::Source::Files(path.clone()),
-        None => agent::Source::Kube(agent::kube_source::Connection {
-            kubeconfig: args.kubeconfig.clone().or_else(|| cfg.kubeconfig.clone()),
-            master: args.master.clone(),
-        }),
+        None => agent::Source::Kube(connection(args, &cfg)),
     };
     let node = snapshot::node_name(&cfg);
     agent::run(cfg, node, source)?;
     Ok(())
+}
+
+/// How to reach the API server: the flags, else the configuration's kubeconfig.
+fn connection(args: &RunArgs, cfg: &ProxyConfig) -> agent::kube_source::Connection {
+    agent::kube_source::Connection {
+        kubeconfig: args.kubeconfig.clone().or_else(|| cfg.kubeconfig.clone()),
+        master: args.master.clone(),
+    }
 }
 
 /// Configuration from file and flags.
@@ -223,13 +228,13 @@ fn trace(args: &TraceArgs) -> Result<(), CommandError> {
         value: value.to_string(),
         message,
     };
-    let (cfg, snap) = match &args.manifests {
+    let (cfg, snap) = match &args.source.manifests {
         Some(path) => load(&Inputs {
-            config: args.config.clone(),
+            config: args.source.config.clone(),
             manifests: path.clone(),
-            flags: args.flags.clone(),
+            flags: args.source.flags.clone(),
         })?,
-        None => trace_live(args)?,
+        None => trace_live(&args.source)?,
     };
     let source: std::net::IpAddr = args
         .from
@@ -298,12 +303,9 @@ fn trace(args: &TraceArgs) -> Result<(), CommandError> {
 }
 
 /// The configuration and a snapshot of a live cluster, listed once.
-fn trace_live(args: &TraceArgs) -> Result<(ProxyConfig, Snapshot), CommandError> {
+fn trace_live(args: &RunArgs) -> Result<(ProxyConfig, Snapshot), CommandError> {
     let cfg = load_config(args.config.as_deref(), &args.flags)?;
-    let conn = agent::kube_source::Connection {
-        kubeconfig: args.kubeconfig.clone().or_else(|| cfg.kubeconfig.clone()),
-        master: args.master.clone(),
-    };
+    let conn = connection(args, &cfg);
     let node = snapshot::node_name(&cfg);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
