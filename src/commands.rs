@@ -319,6 +319,12 @@ fn trace_live(args: &RunArgs) -> Result<(ProxyConfig, Snapshot), CommandError> {
             .await
             .map_err(|e| CommandError::Live(e.to_string()))
     })?;
+    if objs.nodes.is_empty() {
+        // Off the node, its addresses and endpoints' locality would come out wrong.
+        return Err(CommandError::Live(format!(
+            "no Node named {node:?} in the cluster; name the node to trace on with --hostname-override"
+        )));
+    }
     let (snap, skipped) = snapshot::build(&cfg, &objs, &Interfaces);
     report_skipped(&skipped);
     Ok((cfg, snap))

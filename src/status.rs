@@ -174,7 +174,7 @@ pub fn table(metrics: &str, health: Option<(u16, &str)>, now_unix: f64) -> Strin
         ),
     ));
     rows.push((
-        "sync latency p50 / p99",
+        "sync latency p50 / p99 (since start)",
         format!(
             "{} / {}",
             ms(quantile(&s, syncs, 0.5)),
@@ -249,37 +249,39 @@ pub fn get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
     )?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(raw.len());
+    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+    let body = raw.get(split + 4..).unwrap_or(&[]);
     let code = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    Ok((
-        code,
-        if chunked {
-            dechunk(body)
-        } else {
-            body.to_string()
-        },
-    ))
+    let body = if head.contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_vec()
+    };
+    Ok((code, String::from_utf8_lossy(&body).into_owned()))
 }
 
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
+/// The payload of a chunked body, on bytes (a chunk may end inside a character).
+fn dechunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = body.windows(2).position(|w| w == b"\r\n") {
+        let size = String::from_utf8_lossy(&body[..eol]);
         let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
             break;
         };
+        let rest = &body[eol + 2..];
         if n == 0 || rest.len() < n {
             break;
         }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
+        out.extend_from_slice(&rest[..n]);
+        body = rest[n..].strip_prefix(b"\r\n").unwrap_or(&rest[n..]);
     }
     out
 }
@@ -305,6 +307,14 @@ kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 3
 "#;
 
     #[test]
+    fn chunked_bodies_join_on_bytes() {
+        assert_eq!(
+            dechunk(b"3\r\nab\xc3\r\n2\r\n\xa9c\r\n0\r\n\r\n"),
+            "abéc".as_bytes()
+        );
+    }
+
+    #[test]
     fn quantiles_interpolate_within_the_bucket() {
         let s = parse(TEXT);
         assert_eq!(
@@ -316,23 +326,32 @@ kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 3
         assert_eq!(quantile(&[], "x", 0.5), None);
     }
 
+    fn row(t: &str, name: &str) -> String {
+        t.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} row in\n{t}"))
+            .trim()
+            .to_string()
+    }
+
     #[test]
     fn the_table_says_what_is_programmed_and_what_went_wrong() {
         let t = table(TEXT, Some((200, "{}")), 1003.0);
-        for want in [
-            "service ports           42",
-            "endpoints               420",
-            "last sync               3.0 s ago",
-            "syncs (full / partial)  10 (1 / 9)",
-            "sync failures           rejected 2",
-            "drift repairs           1",
-            "no local endpoints      - internal, 3 external",
-            "healthy",
+        for (name, want) in [
+            ("service ports", "42"),
+            ("endpoints", "420"),
+            ("last sync", "3.0 s ago"),
+            ("syncs (full / partial)", "10 (1 / 9)"),
+            ("sync latency p50 / p99 (since start)", "2.0 ms / 4.0 ms"),
+            ("sync failures", "rejected 2"),
+            ("drift repairs", "1"),
+            ("no local endpoints", "- internal, 3 external"),
+            ("health", "healthy (/healthz 200)"),
         ] {
-            assert!(t.contains(want), "{want:?} in\n{t}");
+            assert_eq!(row(&t, name), want, "{name} in\n{t}");
         }
         let t = table(TEXT, Some((503, r#"{"nodeEligible": true}"#)), 1003.0);
-        assert!(t.contains("UNHEALTHY"), "{t}");
-        assert!(table("", None, 0.0).contains("last sync               never"));
+        assert!(row(&t, "health").starts_with("UNHEALTHY"), "{t}");
+        assert_eq!(row(&table("", None, 0.0), "last sync"), "never");
     }
 }

@@ -658,6 +658,20 @@ fn trace_against_a_live_cluster() {
         .collect();
     assert_eq!(eps, ["10.1.0.1:8080", "10.1.0.2:8080"], "{v}");
     assert_eq!(v["endpoints"][0]["probability"], 0.5);
+
+    // For a node the cluster does not have, it says so instead of tracing on guesses.
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["trace", "--hostname-override", "node-z", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["--from", "10.9.0.1", "--to", "172.30.0.1:80/TCP"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("node-z") && err.contains("--hostname-override"),
+        "{err}"
+    );
 }
 
 #[test]

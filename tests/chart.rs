@@ -174,11 +174,16 @@ fn check_daemonset(docs: &[(String, Value)]) -> bool {
     );
     let c = &pod.containers[0];
     let sc = c.security_context.clone().unwrap();
+    // The API server refuses privileged together with allowPrivilegeEscalation false.
+    if sc.privileged == Some(true) {
+        assert_ne!(sc.allow_privilege_escalation, Some(false));
+    } else {
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+    }
     let caps = sc.capabilities.unwrap();
     assert_eq!(caps.drop.unwrap(), ["ALL"]);
     assert_eq!(caps.add.unwrap(), ["NET_ADMIN", "NET_RAW"]);
     assert_eq!(sc.read_only_root_filesystem, Some(true));
-    assert_eq!(sc.allow_privilege_escalation, Some(false));
     let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
         p.as_ref()
             .and_then(|p| p.http_get.as_ref())
@@ -296,7 +301,8 @@ fn iptables_mode_with_monitoring_renders_and_its_rules_pass_promtool() {
             "nodePortAddresses": ["primary"], "masqueradeAll": true,
             "iptablesBackend": "legacy", "syncPeriod": "1m", "minSyncPeriod": "2s"
         },
-        "metrics": { "port": 19249 },
+        "metrics": { "port": 19249, "bindAddress": "::" },
+        "apiServer": { "host": "10.0.0.1", "port": 6443 },
         "prometheus": {
             "serviceMonitor": { "enabled": true, "labels": { "release": "prom" } },
             "rules": { "enabled": true },
@@ -309,16 +315,22 @@ fn iptables_mode_with_monitoring_renders_and_its_rules_pass_promtool() {
     let docs = documents(&r);
     check_types(&docs);
     check_rbac(&docs);
-    // iptables mode serving NodePorts on 127.0.0.1 writes route_localnet: privileged.
-    assert!(check_daemonset(&docs));
+    // NodePorts only on the primary address: no route_localnet, not privileged.
+    assert!(!check_daemonset(&docs));
     let ds = of_kind(&docs, "DaemonSet")[0];
-    let args = ds["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    let container = &ds["spec"]["template"]["spec"]["containers"][0];
+    let args = container["args"].to_string();
     assert!(args.contains("--iptables-backend=legacy"), "{args}");
+    let env = container["env"].to_string();
+    assert!(
+        env.contains("KUBERNETES_SERVICE_HOST") && env.contains("10.0.0.1"),
+        "{env}"
+    );
     let cfg = check_config(&docs);
     for want in [
         "mode: iptables",
         "masqueradeAll: true",
-        "0.0.0.0:19249",
+        "[::]:19249",
         "10.244.0.0/16",
     ] {
         assert!(cfg.contains(want), "{want} in\n{cfg}");
@@ -352,6 +364,22 @@ fn iptables_mode_with_monitoring_renders_and_its_rules_pass_promtool() {
         assert!(exprs.contains(metric), "dashboard shows {metric}");
     }
     assert!(exprs.contains("node"), "per node");
+}
+
+/// iptables mode serving NodePorts on 127.0.0.1 (its default) writes route_localnet, so
+/// only there the container is privileged.
+#[test]
+fn iptables_mode_with_localhost_node_ports_is_privileged() {
+    let Some(r) = render(&json!({"config": {"mode": "iptables"}})) else {
+        return;
+    };
+    check_lint(&r);
+    let docs = documents(&r);
+    assert!(check_daemonset(&docs));
+    let notes = r["manifests"]["switchyard/templates/NOTES.txt"]
+        .as_str()
+        .unwrap();
+    assert!(notes.contains("apiServer.host is not set"), "{notes}");
 }
 
 #[test]

@@ -97,10 +97,15 @@ pub async fn list_once(
             .list(&this_node)
             .await?
             .items,
-        service_cidrs: Api::<ServiceCIDR>::all(client)
+        // Before Kubernetes 1.33 there are no ServiceCIDRs to list, as the watcher allows.
+        service_cidrs: match Api::<ServiceCIDR>::all(client)
             .list(&ListParams::default())
-            .await?
-            .items,
+            .await
+        {
+            Ok(list) => list.items,
+            Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+            Err(e) => return Err(e),
+        },
     })
 }
 
