@@ -177,6 +177,9 @@ fn peak_rss_mib() -> Option<f64> {
 /// back end that has tables (the legacy one only when the kernel lists legacy tables, since
 /// looking would create them).
 fn cleanup_kube_proxy() -> Result<(), CommandError> {
+    // Best effort: one part failing does not stop the others; the failures are reported
+    // together at the end.
+    let mut failed: Vec<String> = Vec::new();
     let mut nft = NftCommand::default();
     for family in IpFamily::ALL {
         match nft.delete_foreign_table(family, "kube-proxy") {
@@ -186,7 +189,7 @@ fn cleanup_kube_proxy() -> Result<(), CommandError> {
                 println!("cleanup: {program} is not installed; no nftables tables to remove");
                 break;
             }
-            Err(e) => return Err(BackendError::from(e).into()),
+            Err(e) => failed.push(format!("nftables ({family}): {e}")),
         }
     }
     let legacy_tables =
@@ -196,7 +199,7 @@ fn cleanup_kube_proxy() -> Result<(), CommandError> {
             continue;
         }
         let mut backend = IptablesBackend::new(IptablesCommand::for_variant(Some(variant)));
-        match backend.cleanup() {
+        match backend.cleanup_kube_proxy() {
             Ok(removed) => println!(
                 "cleanup: removed {removed} kube-proxy iptables chains ({})",
                 variant.as_str()
@@ -204,21 +207,25 @@ fn cleanup_kube_proxy() -> Result<(), CommandError> {
             Err(BackendError::Iptables(IptablesError::Spawn { program, .. })) => {
                 println!("cleanup: {program} is not installed; nothing to remove there")
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => failed.push(format!("iptables-{}: {e}", variant.as_str())),
         }
     }
     match crate::nodeaddr::delete_link("kube-ipvs0") {
         Ok(true) => println!("cleanup: removed kube-proxy's kube-ipvs0 interface"),
         Ok(false) => {}
-        Err(e) => return Err(CommandError::Cleanup(e)),
+        Err(e) => failed.push(e),
     }
     if std::path::Path::new("/proc/net/ip_vs").exists() {
         // IPVS mode arrives with its own issue; until then its services are not read.
         println!(
-            "cleanup: this kernel has IPVS; kube-proxy's IPVS virtual services, if any, are not removed yet (ipvsadm -C clears every one)"
+            "cleanup: this kernel has IPVS; kube-proxy's IPVS virtual services and ipsets, if any, are not removed yet (ipvsadm -C and ipset destroy clear every one)"
         );
     }
-    Ok(())
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(CommandError::Cleanup(failed.join("; ")))
+    }
 }
 
 fn trace(args: &TraceArgs) -> Result<(), CommandError> {

@@ -204,6 +204,10 @@ fn cleanup_kube_proxy_removes_kube_proxys_leftovers_only() {
             "-t nat -A PREROUTING -m comment --comment kubernetes-service-portals -j KUBE-SERVICES",
             "-t filter -N KUBE-FORWARD",
             "-t filter -A FORWARD -j KUBE-FORWARD",
+            // kube-proxy's IPVS mode's own chains.
+            "-t filter -N KUBE-IPVS-FILTER",
+            "-t filter -A INPUT -j KUBE-IPVS-FILTER",
+            "-t nat -N KUBE-NODE-PORT",
             "-t nat -N DOCKER",
             "-t nat -A DOCKER -j RETURN",
             "-t nat -A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER",

@@ -211,11 +211,22 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
     /// Removes our chains and the jumps to them from both families; returns how many
     /// chains went away.
     fn cleanup(&mut self) -> Result<usize, BackendError> {
+        self.cleanup_of(&names::owned)
+    }
+}
+
+impl<E: IptablesExecutor> IptablesBackend<E> {
+    /// Remove kube-proxy's chains (every mode's) and the jumps to them.
+    pub fn cleanup_kube_proxy(&mut self) -> Result<usize, BackendError> {
+        self.cleanup_of(&names::kube_proxy_owned)
+    }
+
+    fn cleanup_of(&mut self, owned: &dyn Fn(&str) -> bool) -> Result<usize, BackendError> {
         self.applied = Rendered::default();
         let mut removed = 0;
         for family in IpFamily::ALL {
             let saved = self.exec.save(family)?;
-            let (input, stats) = restore::cleanup_input(&saved);
+            let (input, stats) = restore::cleanup_input_of(&saved, owned);
             if !input.is_empty() {
                 self.exec.restore(family, &input)?;
             }

@@ -43,6 +43,22 @@ pub fn owned(chain: &str) -> bool {
     FIXED_CHAINS.contains(&chain) || SERVICE_CHAIN_PREFIXES.iter().any(|p| chain.starts_with(p))
 }
 
+/// Chains only kube-proxy's IPVS mode makes (its iptables side); `cleanup --kube-proxy`
+/// takes them with the rest.
+pub const KUBE_PROXY_IPVS_CHAINS: [&str; 6] = [
+    "KUBE-NODE-PORT",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-SOURCE-RANGES-FIREWALL",
+    "KUBE-IPVS-FILTER",
+    "KUBE-IPVS-OUT-FILTER",
+    "KUBE-IPVS-FIREWALL",
+];
+
+/// A chain kube-proxy (any mode) owns: ours by name, and its IPVS mode's.
+pub fn kube_proxy_owned(chain: &str) -> bool {
+    owned(chain) || KUBE_PROXY_IPVS_CHAINS.contains(&chain)
+}
+
 /// kube-proxy's `ServicePortName.String()`: `ns/name:port`, or `ns/name` for an unnamed port.
 pub fn port_name_string(name: &ServicePortName) -> String {
     if name.port.is_empty() {

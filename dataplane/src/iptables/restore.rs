@@ -347,6 +347,11 @@ fn stale(chain: &str) -> bool {
 /// to is emptied but kept, since deleting it would mean editing that tool's rules. Empty
 /// when there is nothing of ours.
 pub fn cleanup_input(saved: &Saved) -> (String, RestoreStats) {
+    cleanup_input_of(saved, &names::owned)
+}
+
+/// [`cleanup_input`] for the chains `owned` names.
+pub fn cleanup_input_of(saved: &Saved, owned: &dyn Fn(&str) -> bool) -> (String, RestoreStats) {
     const BUILTIN: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
     let mut out = String::new();
     let mut stats = RestoreStats::default();
@@ -358,7 +363,7 @@ pub fn cleanup_input(saved: &Saved) -> (String, RestoreStats) {
             .chains
             .iter()
             .map(String::as_str)
-            .filter(|c| names::owned(c))
+            .filter(|c| owned(c))
             .collect();
         let jumps_to_ours = |(chain, rule): &&(String, String)| {
             !ours.contains(chain.as_str()) && rule_target(rule).is_some_and(|t| ours.contains(t))
