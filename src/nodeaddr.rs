@@ -11,13 +11,7 @@ pub struct Interfaces;
 
 impl NodeAddressSource for Interfaces {
     fn addresses(&self) -> Vec<IpAddr> {
-        // A thread of its own: read() runs a runtime, which cannot nest in the agent's.
-        let result = std::thread::scope(|s| {
-            s.spawn(read)
-                .join()
-                .unwrap_or_else(|_| Err("address reader panicked".to_string()))
-        });
-        match result {
+        match read() {
             Ok(list) => list,
             Err(e) => {
                 tracing::warn!("cannot list interface addresses over rtnetlink: {e}");
@@ -36,14 +30,35 @@ fn usable(ip: &IpAddr) -> bool {
     }
 }
 
+/// Runs `f` with an rtnetlink handle on a runtime of its own, on a thread of its own (the
+/// callers may already be inside the agent's runtime, which cannot nest).
+fn with_rtnetlink<T, F, Fut>(f: F) -> Result<T, String>
+where
+    T: Send,
+    F: FnOnce(rtnetlink::Handle) -> Fut + Send,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
+                let task = tokio::spawn(conn);
+                let out = f(handle).await;
+                task.abort();
+                out
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| Err("rtnetlink thread panicked".to_string()))
+    })
+}
+
 fn read() -> Result<Vec<IpAddr>, String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
-        let task = tokio::spawn(conn);
+    with_rtnetlink(|handle| async move {
         let mut default_links = Vec::new();
         for version in [rtnetlink::IpVersion::V4, rtnetlink::IpVersion::V6] {
             let req = rtnetlink::RouteMessageBuilder::<IpAddr>::new();
@@ -78,7 +93,6 @@ fn read() -> Result<Vec<IpAddr>, String> {
                 }
             }
         }
-        task.abort();
         addrs.sort();
         let mut out: Vec<IpAddr> = Vec::new();
         for (_, _, ip) in addrs {
@@ -94,38 +108,24 @@ fn read() -> Result<Vec<IpAddr>, String> {
 /// `Ok(false)` when there is none.
 pub fn delete_link(name: &str) -> Result<bool, String> {
     let name = name.to_string();
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            rt.block_on(async {
-                let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
-                let task = tokio::spawn(conn);
-                let mut links = handle.link().get().match_name(name.clone()).execute();
-                let found = match links.try_next().await {
-                    Ok(Some(link)) => Some(link.header.index),
-                    Ok(None) => None,
-                    // The kernel answers a name it does not know with ENODEV.
-                    Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -19 => None,
-                    Err(e) => return Err(e.to_string()),
-                };
-                let result = match found {
-                    Some(index) => handle
-                        .link()
-                        .del(index)
-                        .execute()
-                        .await
-                        .map(|_| true)
-                        .map_err(|e| format!("deleting {name}: {e}")),
-                    None => Ok(false),
-                };
-                task.abort();
-                result
-            })
-        })
-        .join()
-        .unwrap_or_else(|_| Err("link deleter panicked".to_string()))
+    with_rtnetlink(|handle| async move {
+        let mut links = handle.link().get().match_name(name.clone()).execute();
+        let found = match links.try_next().await {
+            Ok(Some(link)) => Some(link.header.index),
+            Ok(None) => None,
+            // The kernel answers a name it does not know with ENODEV.
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -19 => None,
+            Err(e) => return Err(e.to_string()),
+        };
+        match found {
+            Some(index) => handle
+                .link()
+                .del(index)
+                .execute()
+                .await
+                .map(|_| true)
+                .map_err(|e| format!("deleting {name}: {e}")),
+            None => Ok(false),
+        }
     })
 }
