@@ -3,28 +3,18 @@
 //! fills the affinity map; only a sync knows when an entry went stale, so after each sync
 //! that changed something the remembered entries are read back and the stale ones deleted.
 
-use super::skeleton::{
-    MAP_AFFINITY_FRONTENDS, MAP_BACKENDS, MAP_NODEPORT_BACKENDS, MAP_NODEPORT_SHORTCUT_BACKENDS,
-    MAP_SHORTCUT_BACKENDS,
-};
+use super::skeleton::{BACKEND_MAPS, MAP_AFFINITY_FRONTENDS};
 use super::state::Table;
 use super::transaction::{Op, Transaction};
 use std::collections::{BTreeMap, HashMap, HashSet};
-
-/// The maps whose elements a remembered client depends on.
-const BACKING: [&str; 5] = [
-    MAP_BACKENDS,
-    MAP_SHORTCUT_BACKENDS,
-    MAP_NODEPORT_BACKENDS,
-    MAP_NODEPORT_SHORTCUT_BACKENDS,
-    MAP_AFFINITY_FRONTENDS,
-];
 
 /// Whether `tx` takes out something a remembered client may depend on (a re-pointed slot
 /// is a delete and an add).
 pub fn may_strand(tx: &Transaction) -> bool {
     tx.ops.iter().any(|op| match op {
-        Op::DeleteElements { set, .. } => BACKING.contains(&set.as_str()),
+        Op::DeleteElements { set, .. } => {
+            BACKEND_MAPS.contains(&set.as_str()) || set == MAP_AFFINITY_FRONTENDS
+        }
         Op::DeleteTable(_) | Op::DeleteChain { .. } => true,
         _ => false,
     })
@@ -34,7 +24,7 @@ pub fn may_strand(tx: &Transaction) -> bool {
 /// `desired` no longer backs.
 pub fn stale(desired: &Table, remembered: &BTreeMap<String, Option<String>>) -> Vec<String> {
     let mut valid: HashMap<&str, HashSet<&str>> = HashMap::new();
-    for map in BACKING[..4].iter().copied() {
+    for map in BACKEND_MAPS {
         let Some(set) = desired.sets.get(map) else {
             continue;
         };
@@ -74,6 +64,7 @@ pub fn stale(desired: &Table, remembered: &BTreeMap<String, Option<String>>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nft::skeleton::{MAP_BACKENDS, MAP_NODEPORT_BACKENDS};
     use crate::nft::state::Set;
 
     fn set(elements: &[(&str, &str)]) -> Set {

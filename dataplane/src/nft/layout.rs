@@ -135,13 +135,7 @@ struct Shortcut {
 
 /// Maps whose elements are backend slots, kept stable across layouts.
 fn is_backends_map(set: &str) -> bool {
-    [
-        MAP_BACKENDS,
-        MAP_NODEPORT_BACKENDS,
-        MAP_SHORTCUT_BACKENDS,
-        MAP_NODEPORT_SHORTCUT_BACKENDS,
-    ]
-    .contains(&set)
+    super::skeleton::BACKEND_MAPS.contains(&set)
 }
 
 /// The sources a load-balancer IP of `svc` admits, if it has loadBalancerSourceRanges in

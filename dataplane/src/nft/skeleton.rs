@@ -16,6 +16,14 @@ pub const MAP_NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const MAP_NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const MAP_BACKENDS: &str = "backends";
 pub const MAP_NODEPORT_BACKENDS: &str = "nodeport-backends";
+/// The maps of backend slots (`front end . slot : endpoint . port`): all four are `typeof`
+/// maps with a `tcp dport` value, and what a remembered affinity client points into.
+pub const BACKEND_MAPS: [&str; 4] = [
+    MAP_BACKENDS,
+    MAP_NODEPORT_BACKENDS,
+    MAP_SHORTCUT_BACKENDS,
+    MAP_NODEPORT_SHORTCUT_BACKENDS,
+];
 /// externalTrafficPolicy Local short-circuit: traffic from pods and from the node to an
 /// external front end goes to all of the service's endpoints, through these maps.
 pub const MAP_SHORTCUT_IPS: &str = "shortcut-ips";

@@ -5,9 +5,7 @@
 //! mishandles concatenated map values (see ARCHITECTURE.md).
 
 use super::ownership::Touched;
-use super::skeleton::{
-    MAP_BACKENDS, MAP_NODEPORT_BACKENDS, MAP_NODEPORT_SHORTCUT_BACKENDS, MAP_SHORTCUT_BACKENDS,
-};
+use super::skeleton::BACKEND_MAPS;
 use super::state::{family_name, Chain, Ruleset, Set, Table, TABLE};
 use crate::model::IpFamily;
 use std::collections::{BTreeMap, BTreeSet};
@@ -191,13 +189,7 @@ const ANCHOR_CHAIN: &str = "tx-anchor";
 
 /// The maps with a `tcp dport` value type that `rule` reads (`... map @name`).
 fn maps_used(rule: &str) -> impl Iterator<Item = &'static str> + '_ {
-    const TCP_VALUED: [&str; 4] = [
-        MAP_BACKENDS,
-        MAP_NODEPORT_BACKENDS,
-        MAP_SHORTCUT_BACKENDS,
-        MAP_NODEPORT_SHORTCUT_BACKENDS,
-    ];
-    TCP_VALUED.into_iter().filter(move |m| {
+    BACKEND_MAPS.into_iter().filter(move |m| {
         rule.split_whitespace()
             .any(|w| w.strip_prefix('@') == Some(m))
     })
