@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod conntrack;
 pub mod iptables;
+pub mod ipvs;
 pub mod model;
 pub mod nft;
 pub mod process;
