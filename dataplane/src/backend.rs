@@ -13,6 +13,8 @@ pub enum BackendError {
     Nft(#[from] NftError),
     #[error(transparent)]
     Iptables(#[from] IptablesError),
+    #[error(transparent)]
+    Ipvs(#[from] crate::ipvs::kernel::IpvsError),
 }
 
 impl BackendError {
@@ -28,6 +30,7 @@ impl BackendError {
             BackendError::Iptables(IptablesError::Spawn { .. }) => "spawn",
             BackendError::Iptables(IptablesError::Sysctl(_)) => "sysctl",
             BackendError::Iptables(_) => "read",
+            BackendError::Ipvs(e) => e.reason(),
         }
     }
 }

@@ -37,14 +37,16 @@ pub const FIXED_CHAINS: [&str; 8] = [
     CANARY,
 ];
 
-/// Whether a chain of this name belongs to Switchyard (and to kube-proxy's iptables mode,
-/// whose names these are: a node moving from kube-proxy is taken over chain by chain).
+/// Whether a chain of this name belongs to Switchyard (and to kube-proxy's iptables and
+/// IPVS modes, whose names these are: a node moving from kube-proxy is taken over chain by
+/// chain).
 pub fn owned(chain: &str) -> bool {
-    FIXED_CHAINS.contains(&chain) || SERVICE_CHAIN_PREFIXES.iter().any(|p| chain.starts_with(p))
+    FIXED_CHAINS.contains(&chain)
+        || KUBE_PROXY_IPVS_CHAINS.contains(&chain)
+        || SERVICE_CHAIN_PREFIXES.iter().any(|p| chain.starts_with(p))
 }
 
-/// Chains only kube-proxy's IPVS mode makes (its iptables side); `cleanup --kube-proxy`
-/// takes them with the rest.
+/// Chains only IPVS mode makes (its iptables side), kube-proxy's and ours.
 pub const KUBE_PROXY_IPVS_CHAINS: [&str; 6] = [
     "KUBE-NODE-PORT",
     "KUBE-LOAD-BALANCER",
@@ -54,9 +56,9 @@ pub const KUBE_PROXY_IPVS_CHAINS: [&str; 6] = [
     "KUBE-IPVS-FIREWALL",
 ];
 
-/// A chain kube-proxy (any mode) owns: ours by name, and its IPVS mode's.
+/// A chain kube-proxy (any mode) owns: the same names as ours.
 pub fn kube_proxy_owned(chain: &str) -> bool {
-    owned(chain) || KUBE_PROXY_IPVS_CHAINS.contains(&chain)
+    owned(chain)
 }
 
 /// kube-proxy's `ServicePortName.String()`: `ns/name:port`, or `ns/name` for an unnamed port.

@@ -184,7 +184,7 @@ fn comment(text: &str) -> String {
 }
 
 /// The matches "source is one of this node's pods" and its negation, if a detector is set.
-fn detector(node: &NodeConfig, family: IpFamily) -> Option<(String, String)> {
+pub(crate) fn detector(node: &NodeConfig, family: IpFamily) -> Option<(String, String)> {
     match &node.local_detector {
         LocalDetector::None => None,
         LocalDetector::Cidrs(cidrs) => {

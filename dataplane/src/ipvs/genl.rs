@@ -27,10 +27,14 @@ const CMD_NEW_DEST: u8 = 5;
 const CMD_SET_DEST: u8 = 6;
 const CMD_DEL_DEST: u8 = 7;
 const CMD_GET_DEST: u8 = 8;
+const CMD_SET_CONFIG: u8 = 12;
 const CMD_FLUSH: u8 = 17;
 
 const CMD_ATTR_SERVICE: u16 = 1;
 const CMD_ATTR_DEST: u16 = 2;
+const CMD_ATTR_TIMEOUT_TCP: u16 = 4;
+const CMD_ATTR_TIMEOUT_TCP_FIN: u16 = 5;
+const CMD_ATTR_TIMEOUT_UDP: u16 = 6;
 
 const SVC_ATTR_AF: u16 = 1;
 const SVC_ATTR_PROTOCOL: u16 = 2;
@@ -101,7 +105,7 @@ impl std::fmt::Display for ServiceId {
 }
 
 /// A virtual service's settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServiceSpec {
     pub scheduler: String,
     /// [`SVC_F_PERSISTENT`] and the scheduler flags.
@@ -530,6 +534,32 @@ impl IpvsSocket {
         let (cmd, a) = encode(op);
         self.exchange(&op.to_string(), cmd, IPVS_GENL_VERSION, NLM_F_ACK, &a)
             .map(|_| ())
+    }
+
+    /// Sets IPVS's connection timeouts in seconds (`ipvs.tcpTimeout` and the others); a
+    /// zero leaves that one as it is.
+    pub fn set_timeouts(&mut self, tcp: u32, tcp_fin: u32, udp: u32) -> Result<(), GenlError> {
+        let mut a = Vec::new();
+        for (kind, v) in [
+            (CMD_ATTR_TIMEOUT_TCP, tcp),
+            (CMD_ATTR_TIMEOUT_TCP_FIN, tcp_fin),
+            (CMD_ATTR_TIMEOUT_UDP, udp),
+        ] {
+            if v > 0 {
+                push_attr(&mut a, kind, &v.to_ne_bytes());
+            }
+        }
+        if a.is_empty() {
+            return Ok(());
+        }
+        self.exchange(
+            "set timeouts",
+            CMD_SET_CONFIG,
+            IPVS_GENL_VERSION,
+            NLM_F_ACK,
+            &a,
+        )
+        .map(|_| ())
     }
 
     /// Removes every virtual service (tests and `cleanup`).
