@@ -10,6 +10,9 @@ use dataplane::backend::{Backend, BackendError, Scope};
 use dataplane::conntrack::{self, Ctnetlink, UdpFrontends};
 use dataplane::iptables::exec::{IptablesCommand, IptablesError, Variant};
 use dataplane::iptables::IptablesBackend;
+use dataplane::ipvs::genl::GenlError;
+use dataplane::ipvs::kernel::{IpvsError, RealIpvs, DUMMY};
+use dataplane::ipvs::{IpvsBackend, IpvsOptions};
 use dataplane::model::{IpFamily, Snapshot};
 use dataplane::nft::exec::{NftCommand, NftError};
 use dataplane::nft::NftBackend;
@@ -25,8 +28,6 @@ pub enum CommandError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Agent(#[from] AgentError),
-    #[error("proxy mode {0} is not implemented yet; use nftables or iptables")]
-    ModeNotImplemented(&'static str),
     #[error("`sync` without --once is the continuous agent: use `switchyard run`, or pass --once")]
     NeedOnce,
     #[error("listing the cluster's objects: {0}")]
@@ -59,9 +60,6 @@ pub fn run(cmd: Command) -> Result<(), CommandError> {
 
 fn run_agent(args: &RunArgs) -> Result<(), CommandError> {
     let cfg = load_config(args.config.as_deref(), &args.flags)?;
-    if cfg.mode == ProxyMode::Ipvs {
-        return Err(CommandError::ModeNotImplemented(cfg.mode.as_str()));
-    }
     let source = match &args.manifests {
         Some(path) => agent::Source::Files(path.clone()),
         None => agent::Source::Kube(connection(args, &cfg)),
@@ -113,9 +111,6 @@ fn report_skipped(skipped: &Skipped) {
 
 fn load(inputs: &Inputs) -> Result<(ProxyConfig, Snapshot), CommandError> {
     let cfg = load_config(inputs.config.as_deref(), &inputs.flags)?;
-    if cfg.mode == ProxyMode::Ipvs {
-        return Err(CommandError::ModeNotImplemented(cfg.mode.as_str()));
-    }
     let objs = manifests::load(&inputs.manifests)?;
     let (snap, skipped) = snapshot::build(&cfg, &objs, &Interfaces);
     report_skipped(&skipped);
@@ -126,9 +121,46 @@ fn render(inputs: &Inputs) -> Result<(), CommandError> {
     let (cfg, snap) = load(inputs)?;
     match cfg.mode {
         ProxyMode::Iptables => print!("{}", IptablesBackend::<IptablesCommand>::render(&snap)),
-        _ => print!("{}", NftBackend::<NftCommand>::render(&snap).to_nft()),
+        // Node ports on the node's addresses as the snapshot knows them (the agent reads
+        // the interfaces).
+        ProxyMode::Ipvs => print!(
+            "{}",
+            IpvsBackend::<RealIpvs, IptablesCommand>::render(
+                &snap,
+                &snap.node.node_ips,
+                &cfg.ipvs.scheduler
+            )
+        ),
+        ProxyMode::Nftables => print!("{}", NftBackend::<NftCommand>::render(&snap).to_nft()),
     }
     Ok(())
+}
+
+/// IPVS mode's settings from the configuration.
+pub fn ipvs_options(cfg: &ProxyConfig) -> IpvsOptions {
+    let secs = |d: std::time::Duration| d.as_secs().min(u64::from(u32::MAX)) as u32;
+    IpvsOptions {
+        scheduler: cfg.ipvs.scheduler.clone(),
+        strict_arp: cfg.ipvs.strict_arp,
+        exclude_cidrs: cfg.ipvs.exclude_cidrs.clone(),
+        timeouts: (
+            secs(cfg.ipvs.tcp_timeout),
+            secs(cfg.ipvs.tcp_fin_timeout),
+            secs(cfg.ipvs.udp_timeout),
+        ),
+    }
+}
+
+/// The IPVS backend on this kernel; fails when the kernel has no IPVS.
+pub fn ipvs_backend(
+    cfg: &ProxyConfig,
+) -> Result<IpvsBackend<RealIpvs, IptablesCommand>, BackendError> {
+    let kernel = RealIpvs::open(Box::new(crate::ipvs_link::Rtnetlink))?;
+    Ok(IpvsBackend::new(
+        kernel,
+        IptablesCommand::for_variant(cfg.iptables_backend),
+        ipvs_options(cfg),
+    ))
 }
 
 fn sync(args: &SyncArgs) -> Result<(), CommandError> {
@@ -140,7 +172,8 @@ fn sync(args: &SyncArgs) -> Result<(), CommandError> {
         ProxyMode::Iptables => Box::new(IptablesBackend::new(IptablesCommand::for_variant(
             cfg.iptables_backend,
         ))),
-        _ => Box::new(NftBackend::new(NftCommand::default())),
+        ProxyMode::Ipvs => Box::new(ipvs_backend(&cfg)?),
+        ProxyMode::Nftables => Box::new(NftBackend::new(NftCommand::default())),
     };
     let scope = if args.full { Scope::Full } else { Scope::All };
     let report = backend.sync(&snap, scope)?;
@@ -210,16 +243,33 @@ fn cleanup_kube_proxy() -> Result<(), CommandError> {
             Err(e) => failed.push(format!("iptables-{}: {e}", variant.as_str())),
         }
     }
-    match crate::nodeaddr::delete_link("kube-ipvs0") {
-        Ok(true) => println!("cleanup: removed kube-proxy's kube-ipvs0 interface"),
+    // IPVS services first: which ones are kube-proxy's is told by kube-ipvs0's addresses.
+    // Then kube-ipvs0, then the ipsets (the iptables rules naming them are gone by now).
+    let delete_link = |failed: &mut Vec<String>| match crate::nodeaddr::delete_link(DUMMY) {
+        Ok(true) => println!("cleanup: removed kube-proxy's {DUMMY} interface"),
         Ok(false) => {}
         Err(e) => failed.push(e),
-    }
-    if std::path::Path::new("/proc/net/ip_vs").exists() {
-        // IPVS mode arrives with its own issue; until then its services are not read.
-        println!(
-            "cleanup: this kernel has IPVS; kube-proxy's IPVS virtual services and ipsets, if any, are not removed yet (ipvsadm -C and ipset destroy clear every one)"
-        );
+    };
+    match RealIpvs::open(Box::new(crate::ipvs_link::Rtnetlink)) {
+        // No IPVS in this kernel: kube-proxy cannot have left IPVS services or ipsets.
+        Err(IpvsError::Netlink(GenlError::NoIpvs)) => delete_link(&mut failed),
+        Err(e) => {
+            failed.push(format!("IPVS: {e}"));
+            delete_link(&mut failed);
+        }
+        Ok(mut ipvs) => {
+            match dataplane::ipvs::remove_ipvs(&mut ipvs, None, &[]) {
+                Ok(n) => {
+                    println!("cleanup: removed {n} kube-proxy IPVS virtual services and {DUMMY}")
+                }
+                Err(e) => failed.push(format!("IPVS: {e}")),
+            }
+            match dataplane::ipvs::destroy_sets(&mut ipvs) {
+                Ok(0) => {}
+                Ok(n) => println!("cleanup: removed {n} kube-proxy ipsets"),
+                Err(e) => failed.push(format!("ipset: {e}")),
+            }
+        }
     }
     if failed.is_empty() {
         Ok(())
@@ -374,7 +424,6 @@ fn cleanup(args: &CleanupArgs) -> Result<(), CommandError> {
     let mode = match &args.proxy_mode {
         None => None,
         Some(m) => match ProxyMode::parse(m) {
-            Some(ProxyMode::Ipvs) => return Err(CommandError::ModeNotImplemented("ipvs")),
             Some(mode) => Some(mode),
             None => {
                 return Err(ConfigError::Field {
@@ -391,6 +440,21 @@ fn cleanup(args: &CleanupArgs) -> Result<(), CommandError> {
         let mut backend = NftBackend::new(NftCommand::default());
         let removed = backend.cleanup()?;
         println!("cleanup: removed {removed} switchyard nftables tables");
+    }
+    if mode.is_none_or(|m| m == ProxyMode::Ipvs) {
+        match RealIpvs::open(Box::new(crate::ipvs_link::Rtnetlink)) {
+            // A kernel without IPVS holds nothing of IPVS mode's.
+            Err(IpvsError::Netlink(GenlError::NoIpvs)) if mode.is_none() => {}
+            Err(e) => return Err(BackendError::from(e).into()),
+            Ok(kernel) => {
+                let ipt = IptablesCommand::for_variant(variant);
+                let mut backend = IpvsBackend::new(kernel, ipt, IpvsOptions::default());
+                let removed = backend.cleanup()?;
+                println!(
+                    "cleanup: removed {removed} IPVS services, chains and ipsets, and {DUMMY}"
+                );
+            }
+        }
     }
     if mode.is_none_or(|m| m == ProxyMode::Iptables) {
         let mut backend = IptablesBackend::new(IptablesCommand::for_variant(variant));

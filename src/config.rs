@@ -69,6 +69,22 @@ pub struct ProxyConfig {
     pub kubeconfig: Option<PathBuf>,
     /// iptables-nft or iptables-legacy (`--iptables-backend`); `None`: the one the node uses.
     pub iptables_backend: Option<Variant>,
+    /// The `ipvs` section (IPVS mode).
+    pub ipvs: IpvsConfig,
+}
+
+/// kube-proxy's `ipvs` section.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct IpvsConfig {
+    /// One of [`dataplane::ipvs::SCHEDULERS`]; empty means rr.
+    pub scheduler: String,
+    pub strict_arp: bool,
+    /// IPVS services on addresses inside these are never removed.
+    pub exclude_cidrs: Vec<IpNetwork>,
+    /// IPVS connection timeouts; zero leaves the kernel's.
+    pub tcp_timeout: Duration,
+    pub tcp_fin_timeout: Duration,
+    pub udp_timeout: Duration,
 }
 
 impl Default for ProxyConfig {
@@ -91,6 +107,7 @@ impl Default for ProxyConfig {
             metrics_bind_address: "127.0.0.1:10249".into(),
             kubeconfig: None,
             iptables_backend: None,
+            ipvs: IpvsConfig::default(),
         }
     }
 }
@@ -142,6 +159,7 @@ const KNOWN_TOP: &[&str] = &[
     "syncPeriod",
     "minSyncPeriod",
     "clientConnection",
+    "ipvs",
 ];
 
 /// kube-proxy fields that are valid but do not change what Switchyard programs.
@@ -151,7 +169,6 @@ const ACCEPTED_TOP: &[&str] = &[
     "conntrack",
     "enableProfiling",
     "featureGates",
-    "ipvs",
     "linux",
     "logging",
     "oomScoreAdj",
@@ -428,6 +445,7 @@ pub fn parse(text: &str, origin: &str) -> Result<(ProxyConfig, Warnings), Config
     }
     // Top-level periods (newer config versions), then the mode's own section wins.
     read_periods(&map, origin, &mut cfg)?;
+    read_ipvs(&map, origin, &mut cfg, &mut warnings)?;
     let section_for_mode = match cfg.mode {
         ProxyMode::Nftables => "nftables",
         ProxyMode::Iptables | ProxyMode::Ipvs => "iptables",
@@ -477,8 +495,11 @@ pub fn parse(text: &str, origin: &str) -> Result<(ProxyConfig, Warnings), Config
                     if let Some(b) = bit {
                         cfg.masquerade_bit = b as u8;
                     }
-                    cfg.sync_period = periods.sync_period;
-                    cfg.min_sync_period = periods.min_sync_period;
+                    // IPVS mode takes masquerading from `iptables`, periods from `ipvs`.
+                    if cfg.mode != ProxyMode::Ipvs {
+                        cfg.sync_period = periods.sync_period;
+                        cfg.min_sync_period = periods.min_sync_period;
+                    }
                 }
             }
             Some(other) => {
@@ -491,6 +512,105 @@ pub fn parse(text: &str, origin: &str) -> Result<(ProxyConfig, Warnings), Config
         }
     }
     Ok((cfg, warnings))
+}
+
+/// The `ipvs` section: always validated; its periods apply in IPVS mode.
+fn read_ipvs(
+    map: &Mapping,
+    origin: &str,
+    cfg: &mut ProxyConfig,
+    warnings: &mut Warnings,
+) -> Result<(), ConfigError> {
+    let m = match map.get("ipvs") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Mapping(m)) => m,
+        Some(other) => {
+            return Err(field_err(
+                origin,
+                "ipvs",
+                format!("expected a mapping, got {}", kind_of(other)),
+            ))
+        }
+    };
+    let o = format!("{origin}: ipvs");
+    let known = [
+        "scheduler",
+        "strictARP",
+        "excludeCIDRs",
+        "syncPeriod",
+        "minSyncPeriod",
+        "tcpTimeout",
+        "tcpFinTimeout",
+        "udpTimeout",
+    ];
+    for k in m.keys() {
+        let n = k.as_str().unwrap_or("?");
+        if !known.contains(&n) {
+            warnings.push(format!("{origin}: unknown field \"ipvs.{n}\" ignored"));
+        }
+    }
+    if let Some(s) = get_str(m, &o, "scheduler")? {
+        if !s.is_empty() && !dataplane::ipvs::SCHEDULERS.contains(&s.as_str()) {
+            return Err(field_err(
+                &o,
+                "scheduler",
+                format!(
+                    "{s:?} is not one of {}",
+                    dataplane::ipvs::SCHEDULERS.join(", ")
+                ),
+            ));
+        }
+        cfg.ipvs.scheduler = s;
+    }
+    if let Some(b) = get_bool(m, &o, "strictARP")? {
+        cfg.ipvs.strict_arp = b;
+    }
+    match m.get("excludeCIDRs") {
+        None | Some(Value::Null) => {}
+        Some(Value::Sequence(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                let field = format!("excludeCIDRs[{i}]");
+                let raw = item.as_str().ok_or_else(|| {
+                    field_err(
+                        &o,
+                        &field,
+                        format!("expected a CIDR, got {}", kind_of(item)),
+                    )
+                })?;
+                cfg.ipvs.exclude_cidrs.extend(parse_cidrs(&o, &field, raw)?);
+            }
+        }
+        Some(other) => {
+            return Err(field_err(
+                &o,
+                "excludeCIDRs",
+                format!("expected a list, got {}", kind_of(other)),
+            ))
+        }
+    }
+    for field in ["tcpTimeout", "tcpFinTimeout", "udpTimeout"] {
+        if let Some(v) = get_str(m, &o, field)? {
+            let d = parse_duration(&v).ok_or_else(|| {
+                field_err(
+                    &o,
+                    field,
+                    format!("{v:?} is not a duration like 900s or 15m0s"),
+                )
+            })?;
+            match field {
+                "tcpTimeout" => cfg.ipvs.tcp_timeout = d,
+                "tcpFinTimeout" => cfg.ipvs.tcp_fin_timeout = d,
+                _ => cfg.ipvs.udp_timeout = d,
+            }
+        }
+    }
+    let mut periods = cfg.clone();
+    read_periods(m, &o, &mut periods)?;
+    if cfg.mode == ProxyMode::Ipvs {
+        cfg.sync_period = periods.sync_period;
+        cfg.min_sync_period = periods.min_sync_period;
+    }
+    Ok(())
 }
 
 fn read_periods(map: &Mapping, origin: &str, cfg: &mut ProxyConfig) -> Result<(), ConfigError> {

@@ -6,6 +6,7 @@ mod cli;
 mod commands;
 mod config;
 mod convert;
+mod ipvs_link;
 mod manifests;
 mod nodeaddr;
 mod snapshot;

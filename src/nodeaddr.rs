@@ -32,7 +32,7 @@ fn usable(ip: &IpAddr) -> bool {
 
 /// Runs `f` with an rtnetlink handle on a runtime of its own, on a thread of its own (the
 /// callers may already be inside the agent's runtime, which cannot nest).
-fn with_rtnetlink<T, F, Fut>(f: F) -> Result<T, String>
+pub(crate) fn with_rtnetlink<T, F, Fut>(f: F) -> Result<T, String>
 where
     T: Send,
     F: FnOnce(rtnetlink::Handle) -> Fut + Send,

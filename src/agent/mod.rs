@@ -18,6 +18,8 @@ use dataplane::backend::{Backend, BackendError, Scope, SyncReport};
 use dataplane::conntrack::{self, Ctnetlink, UdpFrontends};
 use dataplane::iptables::exec::IptablesCommand;
 use dataplane::iptables::IptablesBackend;
+use dataplane::ipvs::kernel::RealIpvs;
+use dataplane::ipvs::IpvsBackend;
 use dataplane::nft::exec::{read_kernel, NftCommand, NftError};
 use dataplane::nft::state::Ruleset;
 use dataplane::nft::verify;
@@ -62,6 +64,8 @@ pub enum AgentError {
     Signals(std::io::Error),
     #[error("the {0} source stopped")]
     SourceEnded(&'static str),
+    #[error("cannot start the dataplane: {0}")]
+    Backend(BackendError),
 }
 
 /// Run the agent until SIGTERM or SIGINT. The rules stay in the kernel when it stops.
@@ -125,11 +129,15 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
     };
 
     let (checked_tx, mut checked_rx) = mpsc::channel::<KernelRead>(1);
+    tracing::info!("{} mode", cfg.mode.as_str());
     let backend = match cfg.mode {
         ProxyMode::Iptables => Dataplane::Iptables(IptablesBackend::new(
             IptablesCommand::for_variant(cfg.iptables_backend),
         )),
-        _ => Dataplane::Nft(NftBackend::new(NftCommand::default())),
+        ProxyMode::Ipvs => Dataplane::Ipvs(Box::new(
+            crate::commands::ipvs_backend(&cfg).map_err(AgentError::Backend)?,
+        )),
+        ProxyMode::Nftables => Dataplane::Nft(NftBackend::new(NftCommand::default())),
     };
     let mut agent = Agent {
         store: Store::new(cfg.clone(), node_name, Box::new(Interfaces)),
@@ -227,6 +235,7 @@ const CANARY_INTERVAL: Duration = Duration::from_secs(5);
 enum Dataplane {
     Nft(NftBackend<NftCommand>),
     Iptables(IptablesBackend<IptablesCommand>),
+    Ipvs(Box<IpvsBackend<RealIpvs, IptablesCommand>>),
 }
 
 impl Dataplane {
@@ -234,13 +243,14 @@ impl Dataplane {
         match self {
             Dataplane::Nft(b) => b,
             Dataplane::Iptables(b) => b,
+            Dataplane::Ipvs(b) => b.as_mut(),
         }
     }
 
     fn nft(&mut self) -> Option<&mut NftBackend<NftCommand>> {
         match self {
             Dataplane::Nft(b) => Some(b),
-            Dataplane::Iptables(_) => None,
+            Dataplane::Iptables(_) | Dataplane::Ipvs(_) => None,
         }
     }
 }
@@ -593,6 +603,7 @@ impl Agent {
     fn failed(&mut self, e: &BackendError, done: Instant, full: bool) {
         match self.backend {
             Dataplane::Nft(_) => self.metrics.nftables_sync_failures.inc(),
+            Dataplane::Ipvs(_) => {}
             Dataplane::Iptables(_) => {
                 self.metrics.iptables_restore_failures.inc();
                 if !full {
