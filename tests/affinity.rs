@@ -199,6 +199,10 @@ fn session_affinity(mode: Mode) {
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
+        Mode::Ipvs => {
+            let table = rig.node_exec("cat", &["/proc/net/ip_vs"]).stdout;
+            assert!(table.contains("persistent 2"), "IPVS persistence: {table}");
+        }
         Mode::Iptables => {
             let save = rig.node_exec("iptables-save", &["-t", "nat"]).stdout;
             assert!(

@@ -19,11 +19,24 @@ fn in_guest(test: &str, timeout: Duration) {
     let Some(kernel) = guest::kernel() else {
         return;
     };
-    let run = guest::run_test(&kernel, test, &[], timeout);
+    // Narrowing the guest's run by hand (SWITCHYARD_IPVS_SCENARIOS=a,b) carries over.
+    let only = std::env::var("SWITCHYARD_IPVS_SCENARIOS").unwrap_or_default();
+    let env: Vec<(&str, &str)> = if only.is_empty() {
+        Vec::new()
+    } else {
+        vec![("SWITCHYARD_IPVS_SCENARIOS", only.as_str())]
+    };
+    let run = guest::run_test(&kernel, test, &env, timeout);
+    if let Ok(path) = std::env::var("SWITCHYARD_GUEST_LOG") {
+        let _ = std::fs::write(path, &run.output);
+    }
     eprintln!("{}", run.transcript());
     assert!(run.passed(), "{test} failed in the guest");
+    // With --nocapture the test's own output lands between "test NAME ..." and "ok", so
+    // the summary line is what proves the one test ran and passed.
     assert!(
-        run.output.contains(&format!("test {test} ... ok")),
+        run.output.contains(&format!("test {test} ..."))
+            && run.output.contains("test result: ok. 1 passed"),
         "{test} did not run in the guest"
     );
 }
@@ -140,4 +153,68 @@ fn guest_ipvs_netlink() {
         Ok(())
     })
     .unwrap();
+}
+
+#[test]
+fn conformance_in_guest() {
+    in_guest("guest_conformance", Duration::from_secs(900));
+}
+
+/// Every vendored and own conformance scenario in IPVS mode, with real packets; all
+/// failures are reported together.
+#[test]
+#[ignore = "runs inside the QEMU guest, through conformance_in_guest"]
+fn guest_conformance() {
+    require_guest();
+    let only = std::env::var("SWITCHYARD_IPVS_SCENARIOS").ok();
+    let mut failed = Vec::new();
+    for (cases, own) in [
+        (rig::cases::Cases::vendored(), false),
+        (rig::cases::Cases::own(), true),
+    ] {
+        for scenario in &cases.scenarios {
+            if only
+                .as_deref()
+                .is_some_and(|o| !o.split(',').any(|x| x == scenario.id))
+            {
+                continue;
+            }
+            let test = format!("ipvs/{}{}", if own { "own/" } else { "" }, scenario.id);
+            let opts = rig::RigOptions {
+                mode: rig::cases::Mode::Ipvs,
+                ..rig::RigOptions::default()
+            };
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut rig = rig::Rig::build(&test, scenario, opts).expect("rig");
+                rig.program();
+                rig.assert_scenario_flows();
+            }));
+            if result.is_err() {
+                failed.push(test);
+            }
+        }
+    }
+    assert!(failed.is_empty(), "failed in IPVS mode: {failed:?}");
+}
+
+/// Every entry of tests/conformance/ipvs-differences.json names a scenario we run (the
+/// flows are checked when the cases load).
+#[test]
+fn ipvs_differences_name_known_scenarios() {
+    let vendored = rig::cases::Cases::vendored();
+    let own = rig::cases::Cases::own();
+    let known: Vec<&str> = vendored
+        .scenarios
+        .iter()
+        .chain(&own.scenarios)
+        .map(|s| s.id.as_str())
+        .collect();
+    let named = rig::cases::Cases::ipvs_difference_scenarios();
+    assert!(!named.is_empty());
+    for id in named {
+        assert!(
+            known.contains(&id.as_str()),
+            "ipvs-differences.json names {id:?}"
+        );
+    }
 }

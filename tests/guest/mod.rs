@@ -45,6 +45,16 @@ const TEST_MODULES: &[&str] = &[
     "nf_tables",
     "nft_compat",
     "nft_chain_nat",
+    "nft_reject_inet",
+    "nft_reject_ipv4",
+    "nft_reject_ipv6",
+    "nft_ct",
+    "nft_nat",
+    "nft_masq",
+    "nft_numgen",
+    "nft_fib_inet",
+    "nft_fib_ipv4",
+    "nft_fib_ipv6",
     "nf_conntrack_netlink",
     "ip_set",
     "ip_set_hash_ip",
@@ -258,9 +268,10 @@ mount -t devtmpfs dev $R/dev
 mkdir -p $R/dev/shm $R/dev/pts
 mount -t tmpfs shm $R/dev/shm
 mount -t devpts devpts $R/dev/pts
-printf '#!/bin/sh\nexec /usr/sbin/modprobe -d {kroot} "$@"\n' > $R/run/modprobe
-chmod +x $R/run/modprobe
-echo /run/modprobe > /proc/sys/kernel/modprobe
+# The kernel runs its module loader from init's root (this initramfs), not the chroot.
+printf '#!/bin/sh\nexec /bin/chroot /newroot /usr/sbin/modprobe -d {kroot} "$@"\n' > /modprobe
+chmod +x /modprobe
+echo /modprobe > /proc/sys/kernel/modprobe
 for m in {modules}; do chroot $R /usr/sbin/modprobe -d {kroot} $m 2>/dev/null || echo "guest: no module $m"; done
 chroot $R /bin/sh -c 'ip link set lo up'
 chroot $R /bin/sh /run/guest-share/run.sh > $R/run/guest-share/output 2>&1
@@ -296,7 +307,7 @@ impl GuestRun {
             self.status,
             if self.timed_out { " (TIMED OUT, killed)" } else { "" },
             self.elapsed.as_secs_f64(),
-            self.output,
+            tail(&self.output, 400),
             tail(&self.console, 60)
         )
     }
@@ -311,8 +322,10 @@ fn tail(s: &str, lines: usize) -> String {
 /// tests included, one thread), with `env` set; killed after `timeout`.
 pub fn run_test(k: &Kernel, name: &str, env: &[(&str, &str)], timeout: Duration) -> GuestRun {
     let exe = std::env::current_exe().expect("current test binary");
-    let mut script = String::from("set -u\ncd /tmp\n");
-    script.push_str(&format!("export {IN_GUEST_ENV}=1 RUST_BACKTRACE=1\n"));
+    let mut script = String::from(
+        "set -u\ncd /tmp\nexport PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n",
+    );
+    script.push_str(&format!("export {IN_GUEST_ENV}=1 RUST_BACKTRACE=0\n"));
     for (k, v) in env {
         script.push_str(&format!("export {k}='{v}'\n"));
     }

@@ -24,14 +24,81 @@ impl Cases {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
     }
 
-    /// The vendored copy in this repository.
+    /// The vendored copy in this repository, with IPVS mode's differences.
     pub fn vendored() -> Cases {
-        Cases::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/cases.json"))
+        let mut c = Cases::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/cases.json"),
+        );
+        c.apply_ipvs_differences();
+        c
     }
 
     /// Switchyard's own cases (same schema): topology, dual-stack, UDP.
     pub fn own() -> Cases {
-        Cases::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/own-cases.json"))
+        let mut c = Cases::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/own-cases.json"),
+        );
+        c.apply_ipvs_differences();
+        c
+    }
+
+    /// Adds `tests/conformance/ipvs-differences.json` (where IPVS mode differs by design,
+    /// each with its reason) to the flows as `modeDifferences.ipvs`. An entry naming a
+    /// flow of these cases that does not exist, or one that has an IPVS entry already,
+    /// panics: the file cannot go stale unnoticed.
+    fn apply_ipvs_differences(&mut self) {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/ipvs-differences.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let file: IpvsDifferences = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()));
+        for d in file.differences {
+            let Some(scenario) = self.scenarios.iter_mut().find(|s| s.id == d.scenario) else {
+                continue;
+            };
+            let flow = scenario
+                .flows
+                .iter_mut()
+                .find(|f| f.name == d.flow)
+                .unwrap_or_else(|| {
+                    panic!(
+                        "ipvs-differences.json: no flow {:?} in {}",
+                        d.flow, d.scenario
+                    )
+                });
+            assert!(
+                d.reason.len() > 20,
+                "ipvs-differences.json: {}/{}: say why",
+                d.scenario,
+                d.flow
+            );
+            let old = flow.mode_differences.insert(
+                "ipvs".into(),
+                ModeDifference {
+                    verdict: d.verdict,
+                    endpoints: d.endpoints,
+                    masquerade: d.masquerade,
+                    notes: Some(d.reason),
+                },
+            );
+            assert!(
+                old.is_none(),
+                "ipvs-differences.json: {}/{} twice",
+                d.scenario,
+                d.flow
+            );
+        }
+    }
+
+    /// Every scenario id the differences file names, for the check that none is stale.
+    pub fn ipvs_difference_scenarios() -> Vec<String> {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/ipvs-differences.json");
+        let file: IpvsDifferences =
+            serde_json::from_str(&std::fs::read_to_string(path).expect("ipvs-differences.json"))
+                .expect("ipvs-differences.json");
+        file.differences.into_iter().map(|d| d.scenario).collect()
     }
 
     pub fn scenario(&self, id: &str) -> &Scenario {
@@ -296,11 +363,30 @@ pub struct ModeDifference {
     pub notes: Option<String>,
 }
 
+/// `tests/conformance/ipvs-differences.json`.
+#[derive(Clone, Debug, Deserialize)]
+struct IpvsDifferences {
+    differences: Vec<IpvsDifference>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+struct IpvsDifference {
+    scenario: String,
+    flow: String,
+    verdict: Verdict,
+    #[serde(default)]
+    endpoints: Option<Vec<String>>,
+    #[serde(default)]
+    masquerade: Option<bool>,
+    reason: String,
+}
+
 /// The kube-proxy mode whose expectations are checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     Nftables,
     Iptables,
+    Ipvs,
 }
 
 impl Mode {
@@ -308,6 +394,7 @@ impl Mode {
         match self {
             Mode::Nftables => "nftables",
             Mode::Iptables => "iptables",
+            Mode::Ipvs => "ipvs",
         }
     }
 }
