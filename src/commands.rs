@@ -245,7 +245,7 @@ fn cleanup_kube_proxy() -> Result<(), CommandError> {
     }
     // IPVS services first: which ones are kube-proxy's is told by kube-ipvs0's addresses.
     // Then kube-ipvs0, then the ipsets (the iptables rules naming them are gone by now).
-    let delete_link = |failed: &mut Vec<String>| match crate::nodeaddr::delete_link(DUMMY) {
+    let delete_link = |failed: &mut Vec<String>| match crate::rtnl::delete_link(DUMMY) {
         Ok(true) => println!("cleanup: removed kube-proxy's {DUMMY} interface"),
         Ok(false) => {}
         Err(e) => failed.push(e),

@@ -1,8 +1,9 @@
 //! The `kube-ipvs0` dummy link over rtnetlink, for IPVS mode: the addresses bound to it,
 //! the node's other addresses (node-port candidates), and adding and removing them.
+//! Depends only on `crate::rtnl`, so the benches can include it.
 //! kube-proxy leaves the link down; its addresses are local all the same.
 
-use crate::nodeaddr::with_rtnetlink;
+use crate::rtnl::with_rtnetlink;
 use dataplane::ipvs::kernel::{DummyLink, LinkAddresses, DUMMY};
 use futures_util::stream::TryStreamExt;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage, CacheInfo};
@@ -106,7 +107,7 @@ impl DummyLink for Rtnetlink {
     }
 
     fn remove(&mut self) -> Result<bool, String> {
-        crate::nodeaddr::delete_link(DUMMY)
+        crate::rtnl::delete_link(DUMMY)
     }
 }
 

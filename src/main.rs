@@ -9,6 +9,7 @@ mod convert;
 mod ipvs_link;
 mod manifests;
 mod nodeaddr;
+mod rtnl;
 mod snapshot;
 mod status;
 
