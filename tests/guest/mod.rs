@@ -236,6 +236,21 @@ impl Cpio {
     }
 }
 
+/// The first components under /tmp of `paths` (canonical), which the guest's own /tmp
+/// would hide: a checkout or target directory there must stay reachable.
+fn host_tmp_dirs(paths: &[&Path]) -> Vec<String> {
+    let mut out = BTreeSet::new();
+    for p in paths {
+        let p = p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+        if let Ok(rest) = p.strip_prefix("/tmp") {
+            if let Some(first) = rest.components().next() {
+                out.insert(first.as_os_str().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
 /// The guest's init: mount the shares, load modules, run the script in a chroot of the
 /// host's root, record its status, power off.
 fn init_script(k: &Kernel, boot: &[String]) -> String {
@@ -248,6 +263,8 @@ fn init_script(k: &Kernel, boot: &[String]) -> String {
         .collect();
     let kroot = k.root.display();
     let modules = TEST_MODULES.join(" ");
+    let exe = std::env::current_exe().expect("current binary");
+    let host_tmp = host_tmp_dirs(&[&exe, Path::new(env!("CARGO_MANIFEST_DIR")), &k.root]).join(" ");
     format!(
         r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -258,7 +275,12 @@ mount -t devtmpfs dev /dev
 {inserts}
 R=/newroot
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,ro hostroot $R || {{ echo "guest: cannot mount the host root"; poweroff -f; }}
+# /tmp becomes the guest's own, but what the tests need from the host's /tmp (a checkout,
+# a target dir, the kernel) stays visible, bound over from the read-only root.
+mkdir -p /hosttmp
+mount -o bind $R/tmp /hosttmp
 mount -t tmpfs tmp $R/tmp
+for d in {host_tmp}; do mkdir -p "$R/tmp/$d" && mount -o bind "/hosttmp/$d" "$R/tmp/$d" || echo "guest: cannot bind /tmp/$d"; done
 mount -t tmpfs run $R/run
 mkdir -p $R/run/guest-share $R/run/netns
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 share $R/run/guest-share
