@@ -8,9 +8,21 @@
 
 mod guest;
 mod rig;
+// The production kube-ipvs0 link (it lives in the binary crate).
+#[path = "../src/ipvs_link.rs"]
+mod ipvs_link;
+#[allow(dead_code)]
+#[path = "../src/rtnl.rs"]
+mod rtnl;
 
+use dataplane::backend::{Backend, Scope};
+use dataplane::iptables::exec::IptablesCommand;
 use dataplane::ipvs::genl::{IpvsSocket, Op, ServiceId, ServiceSpec, SVC_F_PERSISTENT};
+use dataplane::ipvs::kernel::{DummyLink, RealIpvs};
+use dataplane::ipvs::{IpvsBackend, IpvsOptions};
 use dataplane::model::Protocol;
+use dataplane::synth;
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -150,6 +162,109 @@ fn guest_ipvs_netlink() {
         assert_eq!(s.services().unwrap(), vec![(v6, rr)]);
         s.flush().unwrap();
         assert!(s.services().unwrap().is_empty());
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn backend_changes_in_guest() {
+    in_guest("guest_backend_changes", Duration::from_secs(300));
+}
+
+/// The servers IPVS holds for synthetic service `i`, sorted.
+fn servers(s: &mut IpvsSocket, i: usize) -> Vec<IpAddr> {
+    let id = ServiceId {
+        addr: synth::cluster_ip(i),
+        protocol: Protocol::Tcp,
+        port: 80,
+    };
+    let mut v: Vec<IpAddr> = s.dests(&id).unwrap().iter().map(|d| d.addr).collect();
+    v.sort();
+    v
+}
+
+/// The backend on the real IPVS, the real kube-ipvs0 and real iptables: a full sync
+/// programs every service, one endpoint change is two netlink operations (add the new
+/// server, delete the old one, which has no connections), a sync with nothing new and a
+/// full resync of an intact kernel change nothing, and a server removed behind our back is
+/// put back by the full resync.
+#[test]
+#[ignore = "runs inside the QEMU guest, through backend_changes_in_guest"]
+fn guest_backend_changes() {
+    require_guest();
+    let ns = Netns::new("backend");
+    rig::netns::in_netns(&ns.0, || {
+        let kernel = RealIpvs::open(Box::new(ipvs_link::Rtnetlink)).unwrap();
+        let mut b = IpvsBackend::new(
+            kernel,
+            IptablesCommand::for_variant(None),
+            IpvsOptions::default(),
+        );
+        let (n, per) = (200, 10);
+        let mut snap = synth::cluster(n, per);
+        let r = b.sync(&snap, Scope::All).unwrap();
+        assert!(r.full);
+        assert_eq!(b.last.operations, n + n * per, "{:?}", b.last);
+        let mut s = IpvsSocket::open().unwrap();
+        assert_eq!(s.services().unwrap().len(), n);
+        let want: Vec<IpAddr> = (0..per).map(|j| synth::endpoint_ip(7, j, 0)).collect();
+        assert_eq!(servers(&mut s, 7), want);
+        let bound = ipvs_link::Rtnetlink.addresses().unwrap().bound;
+        assert_eq!(bound.len(), n, "every ClusterIP bound to kube-ipvs0");
+        assert!(bound.contains(&synth::cluster_ip(7)));
+        let nat = std::process::Command::new("iptables-save")
+            .args(["-t", "nat"])
+            .output()
+            .unwrap();
+        let nat = String::from_utf8_lossy(&nat.stdout);
+        assert!(
+            nat.contains("-A KUBE-SERVICES") && nat.contains("KUBE-CLUSTER-IP"),
+            "{nat}"
+        );
+
+        synth::replace_endpoint(&mut snap, 7, 3, 1);
+        let changed: BTreeSet<(String, String)> =
+            [("bench".to_string(), "svc-7".to_string())].into();
+        b.sync(&snap, Scope::Services(&changed)).unwrap();
+        assert_eq!(b.last.operations, 2, "{:?}", b.last);
+        let mut want7 = want.clone();
+        want7[3] = synth::endpoint_ip(7, 3, 1);
+        want7.sort();
+        assert_eq!(servers(&mut s, 7), want7);
+        assert_eq!(servers(&mut s, 8).len(), per);
+
+        b.sync(&snap, Scope::All).unwrap();
+        assert_eq!(b.last.operations, 0, "nothing new: {:?}", b.last);
+        b.sync(&snap, Scope::Full).unwrap();
+        assert_eq!(b.last.operations, 0, "an intact kernel: {:?}", b.last);
+
+        // Someone deletes a server; the periodic full resync puts it back, and only it.
+        let id9 = ServiceId {
+            addr: synth::cluster_ip(9),
+            protocol: Protocol::Tcp,
+            port: 80,
+        };
+        s.apply(&Op::DeleteDest(id9, synth::endpoint_ip(9, 0, 0), 8080))
+            .unwrap();
+        b.sync(&snap, Scope::Full).unwrap();
+        assert_eq!(b.last.operations, 1, "{:?}", b.last);
+        assert_eq!(servers(&mut s, 9).len(), per);
+
+        // A service that goes away takes its address and its IPVS service with it.
+        let gone = snap
+            .services
+            .keys()
+            .find(|(name, _)| name.name == "svc-9")
+            .cloned()
+            .unwrap();
+        snap.services.remove(&gone);
+        let changed: BTreeSet<(String, String)> =
+            [("bench".to_string(), "svc-9".to_string())].into();
+        b.sync(&snap, Scope::Services(&changed)).unwrap();
+        assert_eq!(s.services().unwrap().len(), n - 1);
+        let bound = ipvs_link::Rtnetlink.addresses().unwrap().bound;
+        assert!(!bound.contains(&synth::cluster_ip(9)) && bound.len() == n - 1);
         Ok(())
     })
     .unwrap();
