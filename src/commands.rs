@@ -259,8 +259,13 @@ fn cleanup_kube_proxy() -> Result<(), CommandError> {
         }
         Ok(mut ipvs) => {
             match dataplane::ipvs::remove_ipvs(&mut ipvs, None, &[]) {
-                Ok(n) => {
-                    println!("cleanup: removed {n} kube-proxy IPVS virtual services and {DUMMY}")
+                Ok((services, link)) => {
+                    if services > 0 {
+                        println!("cleanup: removed {services} kube-proxy IPVS virtual services");
+                    }
+                    if link {
+                        println!("cleanup: removed kube-proxy's {DUMMY} interface");
+                    }
                 }
                 Err(e) => failed.push(format!("IPVS: {e}")),
             }

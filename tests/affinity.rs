@@ -1,11 +1,13 @@
-//! sessionAffinity ClientIP with real connections from many client addresses, in both
-//! modes: each client keeps reaching one endpoint (through the ClusterIP and through the
+//! sessionAffinity ClientIP with real connections from many client addresses, in every
+//! mode: each client keeps reaching one endpoint (through the ClusterIP and through the
 //! NodePort from outside), different clients spread over the endpoints, a client whose
 //! endpoint goes away is sent to a live one (and stays there), and the memory ends with the
-//! timeout. Needs root; prints SKIP otherwise (fails if SWITCHYARD_REQUIRE_NETNS=1).
+//! timeout (IPVS mode, in the QEMU guest: persistence with that timeout). Needs root;
+//! prints SKIP otherwise (fails if SWITCHYARD_REQUIRE_NETNS=1).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+mod guest;
 mod rig;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -221,4 +223,17 @@ fn session_affinity_nftables() {
 #[test]
 fn session_affinity_iptables() {
     session_affinity(Mode::Iptables);
+}
+
+#[test]
+fn session_affinity_ipvs_in_guest() {
+    guest::test_in_guest("guest_session_affinity_ipvs", &[], Duration::from_secs(300));
+}
+
+/// IPVS persistence, in the QEMU guest (tests/guest).
+#[test]
+#[ignore = "runs inside the QEMU guest, through session_affinity_ipvs_in_guest"]
+fn guest_session_affinity_ipvs() {
+    guest::require_guest();
+    session_affinity(Mode::Ipvs);
 }

@@ -1,12 +1,15 @@
 //! Incremental re-programming with real packets: endpoint changes take effect on the next
 //! `switchyard sync --once` or `switchyard run` (from manifests or the fixture API server),
 //! and established connections survive re-syncs, API server outages and agent restarts.
+//! IPVS mode runs in the QEMU guest (tests/guest): the same changes, and graceful
+//! termination of a real server that still carries a connection.
 //! Needs root; prints SKIP otherwise (fails if SWITCHYARD_REQUIRE_NETNS=1).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 #[allow(dead_code)] // each test binary uses part of the fixture
 mod apiserver;
+mod guest;
 mod rig;
 
 use std::io::{BufRead, Write};
@@ -25,6 +28,8 @@ const EP_A: &str = "10.180.0.1";
 const EP_B: &str = "10.180.2.1";
 /// Local endpoint added by the second sync.
 const EP_C: &str = "10.180.0.3";
+/// Local endpoint that replaces EP_CHAT (graceful termination).
+const EP_CHAT2: &str = "10.180.0.6";
 /// The chat service's only endpoint (unchanged).
 const EP_CHAT: &str = "10.180.0.5";
 const CLIENT: &str = "10.0.0.2";
@@ -157,6 +162,134 @@ fn endpoint_change(mode: Mode) {
     let out = rig.reprogram(s.services.clone(), changed_slices(&s));
     assert_second_sync_reported(&out);
     rig.assert_flows(&[web_after(), s.flows[1].clone()]);
+}
+
+#[test]
+fn ipvs_endpoint_change_in_guest() {
+    guest::test_in_guest(
+        "guest_ipvs_endpoint_change",
+        &[],
+        std::time::Duration::from_secs(300),
+    );
+}
+
+#[test]
+#[ignore = "runs inside the QEMU guest, through ipvs_endpoint_change_in_guest"]
+fn guest_ipvs_endpoint_change() {
+    guest::require_guest();
+    endpoint_change(Mode::Ipvs);
+    established_survives(Mode::Ipvs);
+}
+
+fn chat_slice(endpoints: &[serde_json::Value]) -> EndpointSlice {
+    serde_json::from_value(json!({
+        "namespace": "ns2", "service": "chat", "name": "chat-1", "addressType": "IPv4",
+        "ports": [{ "name": "chat", "port": 8080, "protocol": "TCP" }],
+        "endpoints": endpoints,
+    }))
+    .expect("valid slice")
+}
+
+/// The real servers IPVS holds for chat, read in the node's namespace.
+fn chat_servers(rig: &Rig) -> Vec<dataplane::ipvs::genl::Dest> {
+    let id = dataplane::ipvs::genl::ServiceId {
+        addr: CHAT_IP.parse().expect("address"),
+        protocol: dataplane::model::Protocol::Tcp,
+        port: 80,
+    };
+    rig::netns::in_netns(&rig.node_ns, || {
+        let mut s = dataplane::ipvs::genl::IpvsSocket::open().expect("IPVS");
+        Ok(s.dests(&id).expect("chat's real servers"))
+    })
+    .expect("the node's namespace")
+}
+
+#[test]
+fn ipvs_graceful_termination_in_guest() {
+    guest::test_in_guest(
+        "guest_ipvs_graceful_termination",
+        &[],
+        std::time::Duration::from_secs(300),
+    );
+}
+
+/// IPVS graceful termination with a real TCP connection: chat's only endpoint is replaced
+/// while a connection to it is open. The old real server stays, at weight 0, and the
+/// connection keeps working; new connections reach only the new endpoint; once the
+/// connection is gone (reset), a later sync deletes the old server.
+#[test]
+#[ignore = "runs inside the QEMU guest, through ipvs_graceful_termination_in_guest"]
+fn guest_ipvs_graceful_termination() {
+    guest::require_guest();
+    let s = scenario();
+    let opts = RigOptions {
+        mode: Mode::Ipvs,
+        responder_mode: ResponderMode::Echo,
+        extra_slices: vec![chat_slice(&[endpoint(EP_CHAT2, "test-node")])],
+        ..RigOptions::default()
+    };
+    let mut rig = Rig::build("graceful_termination/ipvs", &s, opts).expect("the rig");
+    rig.program();
+    let chat = s.flows[1].clone();
+    let (mut conn, greeting) = rig
+        .connect(&chat)
+        .unwrap_or_else(|o| panic!("connecting to chat: {o}"));
+    let old: SocketAddr = format!("{EP_CHAT}:8080").parse().expect("socket address");
+    match greeting {
+        Outcome::Reply { local, .. } if local == old => {}
+        other => panic!("chat greeting: expected a reply from {old}, got {other}"),
+    }
+    let mut echo = |msg: &str| -> std::io::Result<String> {
+        conn.get_mut().write_all(msg.as_bytes())?;
+        let mut line = String::new();
+        conn.read_line(&mut line)?;
+        Ok(line)
+    };
+    assert_eq!(echo("before\n").expect("echo before"), "before\n");
+
+    let mut slices = s.endpoint_slices.clone();
+    slices[1] = chat_slice(&[endpoint(EP_CHAT2, "test-node")]);
+    rig.reprogram(s.services.clone(), slices.clone());
+    let servers = chat_servers(&rig);
+    let by_addr = |a: &str| servers.iter().find(|d| d.addr.to_string() == a).cloned();
+    let draining =
+        by_addr(EP_CHAT).unwrap_or_else(|| panic!("the old server went at once: {servers:?}"));
+    assert_eq!(
+        (draining.weight, draining.active_conns),
+        (0, 1),
+        "the old server drains at weight 0 with its connection: {servers:?}"
+    );
+    assert_eq!(by_addr(EP_CHAT2).map(|d| d.weight), Some(1), "{servers:?}");
+    assert_eq!(
+        echo("after\n").expect("the draining connection keeps working"),
+        "after\n"
+    );
+    let mut fresh = chat.clone();
+    fresh.name = "pod to chat (old endpoint draining)".into();
+    fresh.expect = Expect::dnat(&[&format!("{EP_CHAT2}:8080")], false);
+    rig.assert_flows(&[fresh.clone()]);
+
+    // A reset ends the connection at once (IPVS keeps it 10 s in CLOSE); syncs after that
+    // delete the old server. Bounded.
+    socket2::SockRef::from(conn.get_ref())
+        .set_linger(Some(std::time::Duration::ZERO))
+        .expect("SO_LINGER 0");
+    drop(conn);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(45);
+    loop {
+        rig.reprogram(s.services.clone(), slices.clone());
+        let servers = chat_servers(&rig);
+        if servers.iter().all(|d| d.addr.to_string() != EP_CHAT) {
+            assert_eq!(servers.len(), 1, "{servers:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old server outlived its connection by 45 s: {servers:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    rig.assert_flows(&[fresh]);
 }
 
 #[test]

@@ -26,40 +26,19 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
-/// Boots the guest for `test` and fails with its transcript unless it passed.
+/// Boots the guest for `test`; a hand-narrowed run (SWITCHYARD_IPVS_SCENARIOS=a,b)
+/// carries over.
 fn in_guest(test: &str, timeout: Duration) {
-    let Some(kernel) = guest::kernel() else {
-        return;
-    };
-    // Narrowing the guest's run by hand (SWITCHYARD_IPVS_SCENARIOS=a,b) carries over.
     let only = std::env::var("SWITCHYARD_IPVS_SCENARIOS").unwrap_or_default();
     let env: Vec<(&str, &str)> = if only.is_empty() {
         Vec::new()
     } else {
         vec![("SWITCHYARD_IPVS_SCENARIOS", only.as_str())]
     };
-    let run = guest::run_test(&kernel, test, &env, timeout);
-    if let Ok(path) = std::env::var("SWITCHYARD_GUEST_LOG") {
-        let _ = std::fs::write(path, &run.output);
-    }
-    eprintln!("{}", run.transcript());
-    assert!(run.passed(), "{test} failed in the guest");
-    // With --nocapture the test's own output lands between "test NAME ..." and "ok", so
-    // the summary line is what proves the one test ran and passed.
-    assert!(
-        run.output.contains(&format!("test {test} ..."))
-            && run.output.contains("test result: ok. 1 passed"),
-        "{test} did not run in the guest"
-    );
+    guest::test_in_guest(test, &env, timeout);
 }
 
-fn require_guest() {
-    assert_eq!(
-        std::env::var(guest::IN_GUEST_ENV).as_deref(),
-        Ok("1"),
-        "runs only inside the QEMU guest (through its *_in_guest partner)"
-    );
-}
+use guest::require_guest;
 
 /// A fresh namespace for one guest test, deleted when dropped.
 struct Netns(String);
@@ -69,6 +48,21 @@ impl Netns {
         let name = format!("{}-{tag}", rig::netns::unique_prefix());
         rig::netns::create_namespace(&name).unwrap();
         Netns(name)
+    }
+}
+
+impl Netns {
+    /// Runs `program` in the namespace; panics with the transcript unless it succeeds.
+    fn must(&self, program: &str, args: &[&str]) -> String {
+        let mut all = vec!["netns", "exec", &self.0, program];
+        all.extend_from_slice(args);
+        let out = rig::netns::run("ip", &all, None, rig::netns::CMD_TIMEOUT);
+        assert!(out.success(), "{}", out.transcript());
+        out.stdout
+    }
+
+    fn ipvs<T: Send>(&self, f: impl FnOnce(&mut IpvsSocket) -> T + Send) -> T {
+        rig::netns::in_netns(&self.0, || Ok(f(&mut IpvsSocket::open().expect("IPVS")))).unwrap()
     }
 }
 
@@ -268,6 +262,99 @@ fn guest_backend_changes() {
         Ok(())
     })
     .unwrap();
+}
+
+#[test]
+fn cleanup_kube_proxy_in_guest() {
+    in_guest("guest_cleanup_kube_proxy", Duration::from_secs(240));
+}
+
+fn tcp(addr: &str, port: u16) -> ServiceId {
+    ServiceId {
+        addr: addr.parse().unwrap(),
+        protocol: Protocol::Tcp,
+        port,
+    }
+}
+
+/// `switchyard cleanup --kube-proxy` on what kube-proxy's IPVS mode leaves: its virtual
+/// services (on kube-ipvs0's addresses, and node ports on the node's addresses), kube-ipvs0
+/// and its ipsets go; another tool's virtual services and ipsets, and the node's own
+/// interfaces, stay.
+#[test]
+#[ignore = "runs inside the QEMU guest, through cleanup_kube_proxy_in_guest"]
+fn guest_cleanup_kube_proxy() {
+    require_guest();
+    let ns = Netns::new("kpclean");
+    ns.must("ip", &["link", "add", "eth0", "type", "dummy"]);
+    ns.must("ip", &["addr", "add", "192.168.0.2/24", "dev", "eth0"]);
+    ns.must("ip", &["link", "set", "eth0", "up"]);
+    ns.must("ip", &["link", "add", "kube-ipvs0", "type", "dummy"]);
+    ns.must(
+        "ip",
+        &["addr", "add", "172.30.0.10/32", "dev", "kube-ipvs0"],
+    );
+    let rr = ServiceSpec {
+        scheduler: "rr".into(),
+        ..ServiceSpec::default()
+    };
+    let (cluster, node_port) = (tcp("172.30.0.10", 80), tcp("192.168.0.2", 30080));
+    let (foreign, foreign_on_node) = (tcp("10.99.0.1", 8080), tcp("192.168.0.2", 8443));
+    ns.ipvs(|s| {
+        for id in [cluster, node_port, foreign, foreign_on_node] {
+            s.apply(&Op::AddService(id, rr.clone())).unwrap();
+            s.apply(&Op::AddDest(id, "10.180.0.1".parse().unwrap(), 8080, 1))
+                .unwrap();
+        }
+    });
+    for set in [
+        "KUBE-CLUSTER-IP hash:ip,port",
+        "KUBE-LOOP-BACK hash:ip,port,ip",
+        "KUBE-6-NODE-PORT-TCP bitmap:port range 0-65535",
+        "my-allowlist hash:ip",
+    ] {
+        let mut args = vec!["create"];
+        args.extend(set.split(' '));
+        ns.must("ipset", &args);
+    }
+    ns.must("ipset", &["add", "KUBE-CLUSTER-IP", "172.30.0.10,tcp:80"]);
+
+    let sy = env!("CARGO_BIN_EXE_switchyard");
+    let out = ns.must(sy, &["cleanup", "--kube-proxy"]);
+    assert!(
+        out.contains("removed 2 kube-proxy IPVS virtual services"),
+        "{out}"
+    );
+    assert!(out.contains("removed 3 kube-proxy ipsets"), "{out}");
+    let mut left: Vec<ServiceId> = ns.ipvs(|s| {
+        s.services()
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect()
+    });
+    left.sort();
+    let mut want = vec![foreign, foreign_on_node];
+    want.sort();
+    assert_eq!(left, want, "only the other tool's virtual services stay");
+    let sets = ns.must("ipset", &["list", "-n"]);
+    assert_eq!(
+        sets.split_whitespace().collect::<Vec<_>>(),
+        vec!["my-allowlist"]
+    );
+    let links = ns.must("ip", &["-o", "link", "show"]);
+    assert!(
+        !links.contains("kube-ipvs0") && links.contains("eth0"),
+        "{links}"
+    );
+
+    // Nothing of kube-proxy's is left: a second run removes nothing and succeeds.
+    let again = ns.must(sy, &["cleanup", "--kube-proxy"]);
+    assert!(
+        !again.contains("IPVS virtual services") && !again.contains("ipsets"),
+        "{again}"
+    );
+    assert_eq!(ns.ipvs(|s| s.services().unwrap().len()), 2);
 }
 
 #[test]

@@ -452,3 +452,34 @@ pub fn run_script(k: &Kernel, script: &str, timeout: Duration) -> GuestRun {
         elapsed: start.elapsed(),
     }
 }
+
+/// Boots the guest for `test` of this test binary (the `guest_*` partner of an
+/// `*_in_guest` test) and fails with its transcript unless it ran there and passed.
+/// Skips (returns) when there is no guest and none is required.
+pub fn test_in_guest(test: &str, env: &[(&str, &str)], timeout: Duration) {
+    let Some(kernel) = kernel() else {
+        return;
+    };
+    let run = run_test(&kernel, test, env, timeout);
+    if let Ok(path) = std::env::var("SWITCHYARD_GUEST_LOG") {
+        let _ = std::fs::write(path, &run.output);
+    }
+    eprintln!("{}", run.transcript());
+    assert!(run.passed(), "{test} failed in the guest");
+    // With --nocapture the test's own output lands between "test NAME ..." and "ok", so
+    // the summary line is what proves the one test ran and passed.
+    assert!(
+        run.output.contains(&format!("test {test} ..."))
+            && run.output.contains("test result: ok. 1 passed"),
+        "{test} did not run in the guest"
+    );
+}
+
+/// The guard of a `guest_*` test: it runs only inside the guest.
+pub fn require_guest() {
+    assert_eq!(
+        std::env::var(IN_GUEST_ENV).as_deref(),
+        Ok("1"),
+        "runs only inside the QEMU guest (through its *_in_guest partner)"
+    );
+}

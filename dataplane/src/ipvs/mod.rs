@@ -425,7 +425,7 @@ impl<K: IpvsKernel, E: IptablesExecutor> Backend for IpvsBackend<K, E> {
     /// chains and sets went away.
     fn cleanup(&mut self) -> Result<usize, BackendError> {
         let applied = self.applied.take();
-        let mut removed = remove_ipvs(
+        let (mut removed, _) = remove_ipvs(
             &mut self.kernel,
             applied.as_ref().map(|a| &a.plan),
             &self.options.exclude_cidrs,
@@ -451,13 +451,13 @@ impl<K: IpvsKernel, E: IptablesExecutor> Backend for IpvsBackend<K, E> {
 }
 
 /// Deletes the IPVS services on kube-ipvs0's addresses and the node-port ones, then
-/// kube-ipvs0 itself; returns how many services went away. For `cleanup` of ours and of
-/// kube-proxy's (same addresses, same link).
+/// kube-ipvs0 itself; returns how many services went away and whether the link was
+/// there. For `cleanup` of ours and of kube-proxy's (same addresses, same link).
 pub fn remove_ipvs<K: IpvsKernel>(
     kernel: &mut K,
     last: Option<&Plan>,
     exclude: &[ipnetwork::IpNetwork],
-) -> Result<usize, IpvsError> {
+) -> Result<(usize, bool), IpvsError> {
     let addrs = kernel.link().addresses().map_err(IpvsError::Link)?;
     let mut removed = 0;
     for (id, _) in kernel.services()? {
@@ -466,8 +466,8 @@ pub fn remove_ipvs<K: IpvsKernel>(
             removed += 1;
         }
     }
-    kernel.link().remove().map_err(IpvsError::Link)?;
-    Ok(removed)
+    let link = kernel.link().remove().map_err(IpvsError::Link)?;
+    Ok((removed, link))
 }
 
 /// Destroys kube-proxy's (and our) ipsets; the rules that name them must be gone first.
