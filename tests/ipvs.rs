@@ -179,7 +179,7 @@ fn servers(s: &mut IpvsSocket, i: usize) -> Vec<IpAddr> {
 }
 
 /// The backend on the real IPVS, the real kube-ipvs0 and real iptables: a full sync
-/// programs every service, one endpoint change is two netlink operations (add the new
+/// programs every service (and sets the sysctls, strictARP's and the timeouts), one endpoint change is two netlink operations (add the new
 /// server, delete the old one, which has no connections), a sync with nothing new and a
 /// full resync of an intact kernel change nothing, and a server removed behind our back is
 /// put back by the full resync.
@@ -190,11 +190,12 @@ fn guest_backend_changes() {
     let ns = Netns::new("backend");
     rig::netns::in_netns(&ns.0, || {
         let kernel = RealIpvs::open(Box::new(ipvs_link::Rtnetlink)).unwrap();
-        let mut b = IpvsBackend::new(
-            kernel,
-            IptablesCommand::for_variant(None),
-            IpvsOptions::default(),
-        );
+        let options = IpvsOptions {
+            strict_arp: true,
+            timeouts: (900, 60, 240),
+            ..IpvsOptions::default()
+        };
+        let mut b = IpvsBackend::new(kernel, IptablesCommand::for_variant(None), options);
         let (n, per) = (200, 10);
         let mut snap = synth::cluster(n, per);
         let r = b.sync(&snap, Scope::All).unwrap();
@@ -202,6 +203,18 @@ fn guest_backend_changes() {
         assert_eq!(b.last.operations, n + n * per, "{:?}", b.last);
         let mut s = IpvsSocket::open().unwrap();
         assert_eq!(s.services().unwrap().len(), n);
+        // kube-proxy's sysctls, strictARP and the configured timeouts, in this namespace.
+        assert_eq!(s.timeouts().unwrap(), (900, 60, 240));
+        for (path, want) in [
+            ("/proc/sys/net/ipv4/vs/conntrack", "1"),
+            ("/proc/sys/net/ipv4/vs/expire_nodest_conn", "1"),
+            ("/proc/sys/net/ipv4/vs/expire_quiescent_template", "1"),
+            ("/proc/sys/net/ipv4/conf/all/arp_ignore", "1"),
+            ("/proc/sys/net/ipv4/conf/all/arp_announce", "2"),
+        ] {
+            let got = std::fs::read_to_string(path).unwrap();
+            assert_eq!(got.trim(), want, "{path}");
+        }
         let want: Vec<IpAddr> = (0..per).map(|j| synth::endpoint_ip(7, j, 0)).collect();
         assert_eq!(servers(&mut s, 7), want);
         let bound = ipvs_link::Rtnetlink.addresses().unwrap().bound;

@@ -28,6 +28,7 @@ const CMD_SET_DEST: u8 = 6;
 const CMD_DEL_DEST: u8 = 7;
 const CMD_GET_DEST: u8 = 8;
 const CMD_SET_CONFIG: u8 = 12;
+const CMD_GET_CONFIG: u8 = 13;
 const CMD_FLUSH: u8 = 17;
 
 const CMD_ATTR_SERVICE: u16 = 1;
@@ -560,6 +561,21 @@ impl IpvsSocket {
             &a,
         )
         .map(|_| ())
+    }
+
+    /// IPVS's connection timeouts in seconds: tcp, tcp-fin, udp.
+    pub fn timeouts(&mut self) -> Result<(u32, u32, u32), GenlError> {
+        let replies = self.exchange("get timeouts", CMD_GET_CONFIG, IPVS_GENL_VERSION, 0, &[])?;
+        let body = replies.first().ok_or_else(|| GenlError::Malformed {
+            what: "get timeouts".into(),
+            detail: "no reply".into(),
+        })?;
+        let get = |kind| find(body, kind).and_then(u32_ne).unwrap_or(0);
+        Ok((
+            get(CMD_ATTR_TIMEOUT_TCP),
+            get(CMD_ATTR_TIMEOUT_TCP_FIN),
+            get(CMD_ATTR_TIMEOUT_UDP),
+        ))
     }
 
     /// Removes every virtual service (tests and `cleanup`).
