@@ -301,3 +301,44 @@ fn without_a_node_object_node_addresses_come_from_the_interfaces() {
         "{rendered}"
     );
 }
+
+/// `render --proxy-mode ipvs` shows every piece a sync would apply: the virtual service
+/// with its real server, the address bound to kube-ipvs0, the ipset members and
+/// kube-proxy's IPVS-mode iptables rules; a bad scheduler names the field.
+#[test]
+fn render_ipvs_shows_services_addresses_sets_and_rules() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = write(dir.path(), "good.yaml", GOOD);
+    let cfg = write(
+        dir.path(),
+        "kp.yaml",
+        "kind: KubeProxyConfiguration\nmode: ipvs\nclusterCIDR: 10.0.0.0/8\nipvs: { scheduler: lc }\n",
+    );
+    let out = switchyard(&["render", "--config", &cfg, "--manifests", &m]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    for want in [
+        "tcp:172.30.0.1:80 lc  # ns/good:http/tcp",
+        "  -> 10.0.0.1:8080 weight 1",
+        "kube-ipvs0 address 172.30.0.1",
+        "add SWITCHYARD-TMP-0 172.30.0.1,tcp:80 -exist",
+        "swap SWITCHYARD-TMP-0 KUBE-CLUSTER-IP",
+        "# IPv4: iptables-restore --noflush",
+        "-A KUBE-SERVICES",
+        "--match-set KUBE-CLUSTER-IP dst,dst",
+    ] {
+        assert!(s.contains(want), "missing {want:?} in:\n{s}");
+    }
+    let bad = write(
+        dir.path(),
+        "bad.yaml",
+        "kind: KubeProxyConfiguration\nmode: ipvs\nipvs: { scheduler: fastest }\n",
+    );
+    let out = switchyard(&["render", "--config", &bad, "--manifests", &m]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("bad.yaml: ipvs: field scheduler") && err.contains("\"fastest\""),
+        "{err}"
+    );
+}

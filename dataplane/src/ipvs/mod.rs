@@ -1,5 +1,5 @@
 //! The IPVS backend: kube-proxy's IPVS mode. Virtual services and real servers over
-//! generic netlink ([`genl`]), diffed so that one endpoint change is one operation
+//! generic netlink ([`genl`]), diffed so that one endpoint change is one or two operations
 //! ([`diff`]); service addresses bound to `kube-ipvs0`; kube-proxy's ipsets ([`sets`]) and
 //! the fixed iptables rules that match them for masquerade, node ports, source ranges and
 //! traffic policies ([`rules`]). What to program is pure ([`plan`]); the kernel sits behind
@@ -108,11 +108,12 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
         self.draining.len()
     }
 
-    /// What `render` prints: the plan as IPVS services, addresses and set members.
+    /// What `render` prints: the plan as IPVS services, kube-ipvs0's addresses, the ipset
+    /// and the iptables-restore inputs a first sync would apply.
     pub fn render(snapshot: &Snapshot, node_port_ips: &[IpAddr], scheduler: &str) -> String {
         use std::fmt::Write as _;
         let p = plan::plan(snapshot, node_port_ips, scheduler);
-        let mut out = String::new();
+        let mut out = String::from("# IPVS virtual services and their real servers\n");
         for (id, w) in &p.services {
             let persist = if w.spec.timeout > 0 {
                 format!(" persistent {}", w.spec.timeout)
@@ -128,11 +129,25 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
                 );
             }
         }
+        let _ = writeln!(out, "# addresses bound to {}", kernel::DUMMY);
         for ip in &p.bound {
             let _ = writeln!(out, "{} address {ip}", kernel::DUMMY);
         }
+        out.push_str("# ipset restore\n");
         for family in IpFamily::ALL {
             out.push_str(&sets::full_input(&p.sets, &[family]));
+        }
+        let empty = restore::Saved::default();
+        let jumps = rules::jumps();
+        for family in IpFamily::ALL {
+            let layout = rules::layout(&snapshot.node, family);
+            let (input, _) = restore::sync_input(&layout, Base::Kernel(&empty), &jumps);
+            let cmd = match family {
+                IpFamily::V4 => "iptables-restore",
+                IpFamily::V6 => "ip6tables-restore",
+            };
+            let _ = writeln!(out, "# {family}: {cmd} --noflush");
+            out.push_str(&input);
         }
         out
     }
