@@ -382,10 +382,49 @@ fn iptables_mode_with_localhost_node_ports_is_privileged() {
     assert!(notes.contains("apiServer.host is not set"), "{notes}");
 }
 
+/// IPVS mode: the ipvs section reaches the configuration (which the agent accepts), the
+/// iptables back end is passed on, and the container is privileged for the sysctls.
+#[test]
+fn ipvs_mode_renders_its_section_and_is_privileged() {
+    let values = json!({"config": {"mode": "ipvs", "ipvs": {
+        "scheduler": "lc", "strictARP": true, "excludeCIDRs": ["10.99.0.0/16"],
+        "tcpTimeout": "900s"}}});
+    let Some(r) = render(&values) else { return };
+    check_lint(&r);
+    let docs = documents(&r);
+    check_types(&docs);
+    assert!(check_daemonset(&docs), "privileged for IPVS mode's sysctls");
+    let cfg = check_config(&docs);
+    for want in [
+        "mode: ipvs",
+        "scheduler: lc",
+        "strictARP: true",
+        "- 10.99.0.0/16",
+        "tcpTimeout: 900s",
+    ] {
+        assert!(cfg.contains(want), "{want:?} in:\n{cfg}");
+    }
+    let ds = of_kind(&docs, "DaemonSet")[0];
+    let args = ds["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("--iptables-backend=auto"), "{args}");
+    // The schema offers exactly the schedulers the agent accepts.
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("charts/switchyard/values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let offered =
+        &schema["properties"]["config"]["properties"]["ipvs"]["properties"]["scheduler"]["enum"];
+    assert_eq!(offered, &json!(dataplane::ipvs::SCHEDULERS));
+}
+
 #[test]
 fn values_the_schema_forbids_are_refused_naming_the_field() {
     for (values, field) in [
-        (json!({"config": {"mode": "ipvs"}}), "/config/mode"),
+        (json!({"config": {"mode": "userspace"}}), "/config/mode"),
+        (
+            json!({"config": {"ipvs": {"scheduler": "fastest"}}}),
+            "/config/ipvs/scheduler",
+        ),
         (json!({"config": {"sincPeriod": "1s"}}), "sincPeriod"),
         (json!({"metrics": {"port": 70000}}), "/metrics/port"),
         (
