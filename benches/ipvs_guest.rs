@@ -7,8 +7,9 @@
 //! At 10k services x 10 endpoints (SY_BENCH_SERVICES): (a) the cold full sync, (b) a full
 //! resync of the loaded state (every syncPeriod: dump and compare), (c) one-endpoint
 //! changes (SY_BENCH_CHANGES, 50): netlink operations and requests per change, p50/p99 of
-//! the whole sync. (d) the same cold sync and changes in iptables mode, in the same guest,
-//! for the ratio (SY_BENCH_REFERENCE=0 skips it).
+//! the whole sync. (d) the same cold sync and changes in nftables mode (the default), in the
+//! same guest, for the ratio (SY_BENCH_REFERENCE=0 skips it; iptables-nft would take most
+//! of an hour to load 10k x 10 under emulation).
 //!
 //! Run: `cargo bench --bench ipvs_guest` as root, after `tests/guest/prepare-kernel.sh`.
 
@@ -27,9 +28,10 @@ use common::{ms, pct};
 
 use dataplane::backend::{Backend, Scope};
 use dataplane::iptables::exec::IptablesCommand;
-use dataplane::iptables::IptablesBackend;
 use dataplane::ipvs::kernel::RealIpvs;
 use dataplane::ipvs::{IpvsBackend, IpvsOptions};
+use dataplane::nft::exec::NftCommand;
+use dataplane::nft::NftBackend;
 use dataplane::synth;
 use std::time::{Duration, Instant};
 
@@ -99,9 +101,9 @@ fn ipvs(services: usize, changes: usize) {
     );
 }
 
-fn iptables_reference(services: usize, changes: usize) {
+fn nftables_reference(services: usize, changes: usize) {
     let mut snap = synth::cluster(services, 10);
-    let mut be = IptablesBackend::new(IptablesCommand::for_variant(None));
+    let mut be = NftBackend::new(NftCommand::default());
     let t = Instant::now();
     be.sync(&snap, Scope::All).expect("cold sync");
     let cold = t.elapsed();
@@ -110,7 +112,7 @@ fn iptables_reference(services: usize, changes: usize) {
             .expect("partial sync");
     });
     println!(
-        "(d) iptables {services} x 10, same guest: cold sync {}; one-endpoint change over {changes}: whole sync p50 {} p99 {}",
+        "(d) nftables {services} x 10, same guest: cold sync {}; one-endpoint change over {changes}: whole sync p50 {} p99 {}",
         ms(cold),
         ms(pct(&mut totals, 0.5)),
         ms(pct(&mut totals, 0.99)),
@@ -125,7 +127,7 @@ fn in_guest() {
     ipvs(services, changes);
     if std::env::var("SY_BENCH_REFERENCE").as_deref() != Ok("0") {
         fresh_netns(&mut ns);
-        iptables_reference(services, changes);
+        nftables_reference(services, changes);
     }
     if let Some(ns) = ns {
         let _ = std::process::Command::new("ip")

@@ -1,6 +1,7 @@
 //! Pure-work benchmarks: layout (snapshot to desired tables) and diff (to a transaction) at
 //! 1k, 10k and 30k services x 10 endpoints, cold (against an empty kernel) and for one change;
-//! the iptables layout and its cold restore input.
+//! the iptables layout and its cold restore input; IPVS mode's plan and its partial sync on
+//! the fake kernel.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -68,5 +69,46 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// IPVS mode's pure side: the plan, and a one-endpoint partial sync on the fake kernel (all
+/// of the sync's own work, none of the kernel's).
+fn bench_ipvs(c: &mut Criterion) {
+    use dataplane::backend::{Backend, Scope};
+    use dataplane::iptables::exec::FakeIptables;
+    use dataplane::ipvs::kernel::FakeIpvs;
+    use dataplane::ipvs::{plan, IpvsBackend, IpvsOptions};
+    let mut g = c.benchmark_group("ipvs");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    for n in [1_000usize, 10_000, 30_000] {
+        let mut snap = synth::cluster(n, 10);
+        let node_ips = snap.node.node_ips.clone();
+        g.bench_with_input(BenchmarkId::new("plan", n), &snap, |b, s| {
+            b.iter(|| black_box(plan::plan(s, &node_ips, "rr")))
+        });
+        let mut k = FakeIpvs::default();
+        k.addresses.local = node_ips.clone();
+        let mut be = IpvsBackend::new(k, FakeIptables::default(), IpvsOptions::default());
+        be.sync(&snap, Scope::All).unwrap();
+        let mut generation = 0;
+        g.bench_function(
+            BenchmarkId::new("one_change_partial_sync_on_fakes", n),
+            |b| {
+                b.iter(|| {
+                    generation += 1;
+                    let i = (generation as usize * 7919) % n;
+                    synth::replace_endpoint(&mut snap, i, 3, generation);
+                    let changed = std::collections::BTreeSet::from([(
+                        "bench".to_string(),
+                        format!("svc-{i}"),
+                    )]);
+                    black_box(be.sync(&snap, Scope::Services(&changed)).unwrap())
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_ipvs);
 criterion_main!(benches);
