@@ -217,6 +217,113 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
         Ok(out)
     }
 
+    /// A partial sync in time proportional to what changed: the last plan is updated in
+    /// place for the `changed` services only, and only what that moved is written.
+    /// `Ok(None)` when it cannot be (no last sync, or a front end claimed twice): the
+    /// caller lays out everything.
+    fn sync_changed(
+        &mut self,
+        snapshot: &Snapshot,
+        changed: &BTreeSet<(String, String)>,
+        started: Instant,
+        requests_before: u64,
+    ) -> Result<Option<SyncReport>, BackendError> {
+        let Some(applied) = self.applied.as_mut() else {
+            return Ok(None);
+        };
+        let node_port_ips = plan::node_port_addresses(snapshot, &applied.addresses.local);
+        let Some(delta) = applied
+            .plan
+            .update(snapshot, changed, &node_port_ips, &self.scheduler)
+        else {
+            return Ok(None);
+        };
+        // From here the last plan is the new one: a failure sends the next sync to the
+        // kernel for the truth.
+        match self.apply_delta(snapshot, &delta) {
+            Ok((ops, stats)) => {
+                let set_changes = delta.members_added.len() + delta.members_removed.len();
+                let address_changes = delta.bound_added.len() + delta.bound_removed.len();
+                self.last = IpvsStats {
+                    operations: ops,
+                    requests: self.kernel.requests() - requests_before,
+                    address_changes,
+                    set_changes,
+                };
+                let Some(applied) = self.applied.as_ref() else {
+                    return Ok(None);
+                };
+                Ok(Some(SyncReport {
+                    full: false,
+                    drift: false,
+                    stats,
+                    duration: started.elapsed(),
+                    conflicts: Vec::new(),
+                    no_local_endpoints: applied.plan.no_local_endpoints,
+                    services: snapshot.service_count(),
+                    endpoints: snapshot.endpoint_count(),
+                }))
+            }
+            Err(e) => {
+                self.applied = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes what [`plan::Plan::update`] moved: set members, then the fixed rules if the
+    /// node's settings moved them, addresses before the services on them, IPVS, and the
+    /// addresses no longer used. Returns the IPVS operations done and the counts.
+    fn apply_delta(
+        &mut self,
+        snapshot: &Snapshot,
+        delta: &plan::Delta,
+    ) -> Result<(usize, TxStats), BackendError> {
+        let mut stats = TxStats::default();
+        let input = sets::delta_input(&delta.members_removed, &delta.members_added);
+        if !input.is_empty() {
+            self.kernel.ipset_restore(&input)?;
+        }
+        let iptables = self.sync_iptables(snapshot, false, &mut stats)?;
+        if !delta.bound_added.is_empty() {
+            self.kernel
+                .link()
+                .add(&delta.bound_added)
+                .map_err(IpvsError::Link)?;
+        }
+        let Some(applied) = self.applied.as_mut() else {
+            return Ok((0, stats));
+        };
+        applied.iptables = iptables;
+        let mut ops = Vec::new();
+        partial_ops(
+            &mut self.kernel,
+            &mut self.draining,
+            &applied.plan,
+            &delta.services,
+            &mut ops,
+        )?;
+        let (done, failed) = apply_ops(&mut self.kernel, ops);
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        if !delta.bound_removed.is_empty() {
+            self.kernel
+                .link()
+                .delete(&delta.bound_removed)
+                .map_err(IpvsError::Link)?;
+        }
+        for op in &done {
+            match op {
+                Op::DeleteService(..) | Op::DeleteDest(..) => stats.elements_deleted += 1,
+                _ => stats.elements_added += 1,
+            }
+        }
+        stats.elements_added += delta.members_added.len() + delta.bound_added.len();
+        stats.elements_deleted += delta.members_removed.len() + delta.bound_removed.len();
+        Ok((done.len(), stats))
+    }
+
     /// The IPVS operations of this sync, applied one by one; a failed one does not stop
     /// the others. Returns the operations and the first error.
     fn sync_ipvs(
@@ -269,63 +376,22 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
                 Scope::Services(set) => set.contains(&w.service),
                 _ => true,
             };
-            let ids: BTreeSet<ServiceId> = plan
+            let changes: BTreeMap<ServiceId, Option<plan::WantedService>> = plan
                 .services
                 .iter()
                 .filter(|(_, w)| touched(w))
                 .chain(applied.plan.services.iter().filter(|(_, w)| touched(w)))
-                .map(|(id, _)| *id)
+                .map(|(id, _)| (*id, applied.plan.services.get(id).cloned()))
                 .collect();
-            // Servers drained before are looked at again, wherever their service is.
-            let drained: BTreeSet<ServiceId> = self.draining.iter().map(|(s, _, _)| *s).collect();
-            let mut prior: Vec<(ServiceId, Option<Have>)> = Vec::new();
-            for id in ids.union(&drained) {
-                let old = applied.plan.services.get(id);
-                let new = plan.services.get(id);
-                if old == new && !drained.contains(id) {
-                    continue;
-                }
-                // Removing a TCP server needs its connection count; so does a drained one.
-                let removes = match (old, new) {
-                    (Some(o), Some(n)) => o.dests.keys().any(|k| !n.dests.contains_key(k)),
-                    _ => false,
-                };
-                let have = match old {
-                    Some(_) if drained.contains(id) || (removes && diff_needs_counts(id)) => {
-                        let dests = self.kernel.dests(id)?;
-                        let spec = old.map(|o| o.spec.clone()).unwrap_or_default();
-                        Some(Have {
-                            spec,
-                            dests: dests.into_iter().map(|d| ((d.addr, d.port), d)).collect(),
-                        })
-                    }
-                    Some(o) => Some(have_of(o)),
-                    None => None,
-                };
-                prior.push((*id, have));
-            }
-            for (id, have) in prior {
-                diff::service_ops(
-                    &id,
-                    have.as_ref(),
-                    plan.services.get(&id),
-                    &mut self.draining,
-                    &mut ops,
-                );
-            }
+            partial_ops(
+                &mut self.kernel,
+                &mut self.draining,
+                plan,
+                &changes,
+                &mut ops,
+            )?;
         }
-        let mut first = None;
-        let mut done = Vec::with_capacity(ops.len());
-        for op in ops {
-            match self.kernel.apply(&op) {
-                Ok(()) => done.push(op),
-                Err(e) => {
-                    tracing::warn!("IPVS: {e}");
-                    first = first.or(Some(e));
-                }
-            }
-        }
-        Ok((done, first))
+        Ok(apply_ops(&mut self.kernel, ops))
     }
 }
 
@@ -335,6 +401,73 @@ fn owned(id: &ServiceId, addrs: &LinkAddresses, last: Option<&Plan>) -> bool {
     addrs.bound.contains(&id.addr)
         || last.is_some_and(|p| p.services.contains_key(id))
         || (addrs.local.contains(&id.addr) && NODE_PORT_RANGE.contains(&id.port))
+}
+
+/// Applies `ops` one by one; a failed one does not stop the others. Returns those done
+/// and the first error.
+fn apply_ops<K: IpvsKernel>(kernel: &mut K, ops: Vec<Op>) -> (Vec<Op>, Option<IpvsError>) {
+    let mut first = None;
+    let mut done = Vec::with_capacity(ops.len());
+    for op in ops {
+        match kernel.apply(&op) {
+            Ok(()) => done.push(op),
+            Err(e) => {
+                tracing::warn!("IPVS: {e}");
+                first = first.or(Some(e));
+            }
+        }
+    }
+    (done, first)
+}
+
+/// The operations that move the virtual services in `changes` (each with what the last
+/// sync wanted for it) to `plan`, without reading the kernel except where a server is
+/// removed from a TCP service (its connection counts decide whether it drains) and for
+/// servers drained before, which are looked at again wherever their service is.
+fn partial_ops<K: IpvsKernel>(
+    kernel: &mut K,
+    draining: &mut Draining,
+    plan: &Plan,
+    changes: &BTreeMap<ServiceId, Option<plan::WantedService>>,
+    ops: &mut Vec<Op>,
+) -> Result<(), IpvsError> {
+    let drained: BTreeSet<ServiceId> = draining.iter().map(|(s, _, _)| *s).collect();
+    let mut prior: Vec<(ServiceId, Option<Have>)> = Vec::new();
+    let ids: BTreeSet<ServiceId> = changes
+        .keys()
+        .copied()
+        .chain(drained.iter().copied())
+        .collect();
+    for id in ids {
+        let old = match changes.get(&id) {
+            Some(old) => old.as_ref(),
+            None => plan.services.get(&id),
+        };
+        let new = plan.services.get(&id);
+        if old == new && !drained.contains(&id) {
+            continue;
+        }
+        let removes = match (old, new) {
+            (Some(o), Some(n)) => o.dests.keys().any(|k| !n.dests.contains_key(k)),
+            _ => false,
+        };
+        let have = match old {
+            Some(o) if drained.contains(&id) || (removes && diff_needs_counts(&id)) => {
+                let dests = kernel.dests(&id)?;
+                Some(Have {
+                    spec: o.spec.clone(),
+                    dests: dests.into_iter().map(|d| ((d.addr, d.port), d)).collect(),
+                })
+            }
+            Some(o) => Some(have_of(o)),
+            None => None,
+        };
+        prior.push((id, have));
+    }
+    for (id, have) in prior {
+        diff::service_ops(&id, have.as_ref(), plan.services.get(&id), draining, ops);
+    }
+    Ok(())
 }
 
 fn diff_needs_counts(id: &ServiceId) -> bool {
@@ -354,6 +487,11 @@ impl<K: IpvsKernel, E: IptablesExecutor> Backend for IpvsBackend<K, E> {
             self.kernel.set_sysctls(self.options.strict_arp)?;
             let (tcp, fin, udp) = self.options.timeouts;
             self.kernel.set_timeouts(tcp, fin, udp)?;
+        }
+        if let (false, Scope::Services(changed)) = (full, &scope) {
+            if let Some(report) = self.sync_changed(snapshot, changed, started, requests_before)? {
+                return Ok(report);
+            }
         }
         let addrs = match (&self.applied, full || matches!(scope, Scope::All)) {
             (Some(a), false) => a.addresses.clone(),

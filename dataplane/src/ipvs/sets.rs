@@ -121,39 +121,73 @@ impl SetName {
     }
 }
 
-/// Members of every set, per family; a set not listed is empty.
+/// Members of every set, per family; a set not listed is empty. Each member counts the
+/// service ports that want it, so that one port's going removes only what it alone held.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Sets {
-    members: BTreeMap<(SetName, IpFamily), BTreeSet<String>>,
+    members: BTreeMap<(SetName, IpFamily), BTreeMap<String, u32>>,
 }
 
 impl Sets {
-    pub fn insert(&mut self, set: SetName, family: IpFamily, member: String) {
-        self.members
+    /// Adds one want of `member`; true when it is new to the set.
+    pub fn insert(&mut self, set: SetName, family: IpFamily, member: String) -> bool {
+        let n = self
+            .members
             .entry((set, family))
             .or_default()
-            .insert(member);
+            .entry(member)
+            .or_insert(0);
+        *n += 1;
+        *n == 1
+    }
+
+    /// Drops one want of `member`; true when nothing wants it any more (it left the set).
+    pub fn remove(&mut self, set: SetName, family: IpFamily, member: &str) -> bool {
+        let Some(m) = self.members.get_mut(&(set, family)) else {
+            return false;
+        };
+        let Some(n) = m.get_mut(member) else {
+            return false;
+        };
+        *n -= 1;
+        if *n > 0 {
+            return false;
+        }
+        m.remove(member);
+        if m.is_empty() {
+            self.members.remove(&(set, family));
+        }
+        true
+    }
+
+    pub fn contains(&self, set: SetName, family: IpFamily, member: &str) -> bool {
+        self.members
+            .get(&(set, family))
+            .is_some_and(|m| m.contains_key(member))
     }
 
     pub fn members(&self, set: SetName, family: IpFamily) -> Vec<&str> {
         self.members
             .get(&(set, family))
-            .map(|m| m.iter().map(String::as_str).collect())
+            .map(|m| m.keys().map(String::as_str).collect())
             .unwrap_or_default()
     }
 
-    fn get(&self, set: SetName, family: IpFamily) -> Option<&BTreeSet<String>> {
+    fn get(&self, set: SetName, family: IpFamily) -> Option<&BTreeMap<String, u32>> {
         self.members.get(&(set, family))
     }
 
     pub fn len(&self) -> usize {
-        self.members.values().map(BTreeSet::len).sum()
+        self.members.values().map(BTreeMap::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
+
+/// One set member: the set, its family and the member as ipset writes it.
+pub type Member = (SetName, IpFamily, String);
 
 /// Families whose sets a sync writes.
 fn families(families: &[IpFamily]) -> impl Iterator<Item = (SetName, IpFamily)> + '_ {
@@ -174,7 +208,7 @@ pub fn full_input(want: &Sets, fams: &[IpFamily]) -> String {
         let _ = writeln!(out, "create {name} {args} -exist");
         let _ = writeln!(out, "create {tmp} {args} -exist");
         let _ = writeln!(out, "flush {tmp}");
-        for m in want.get(set, family).into_iter().flatten() {
+        for m in want.get(set, family).into_iter().flat_map(|m| m.keys()) {
             let _ = writeln!(out, "add {tmp} {m} -exist");
         }
         let _ = writeln!(out, "swap {tmp} {name}");
@@ -186,26 +220,38 @@ pub fn full_input(want: &Sets, fams: &[IpFamily]) -> String {
 /// Restore input that moves the sets from `had` (what the last sync wrote) to `want`:
 /// only the members that differ. Empty when nothing does.
 pub fn partial_input(had: &Sets, want: &Sets) -> (String, usize) {
-    let mut out = String::new();
-    let mut changes = 0;
-    let empty = BTreeSet::new();
+    let empty = BTreeMap::new();
     let keys: BTreeSet<&(SetName, IpFamily)> =
         had.members.keys().chain(want.members.keys()).collect();
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
     for key in keys {
         let (set, family) = *key;
-        let name = set.name(family);
         let old = had.members.get(key).unwrap_or(&empty);
         let new = want.members.get(key).unwrap_or(&empty);
-        for m in old.difference(new) {
-            let _ = writeln!(out, "del {name} {m} -exist");
-            changes += 1;
-        }
-        for m in new.difference(old) {
-            let _ = writeln!(out, "add {name} {m} -exist");
-            changes += 1;
-        }
+        removed.extend(
+            old.keys()
+                .filter(|m| !new.contains_key(*m))
+                .map(|m| (set, family, m.clone())),
+        );
+        added.extend(
+            new.keys()
+                .filter(|m| !old.contains_key(*m))
+                .map(|m| (set, family, m.clone())),
+        );
     }
-    (out, changes)
+    (delta_input(&removed, &added), removed.len() + added.len())
+}
+
+/// Restore input that deletes `removed` and adds `added`.
+pub fn delta_input(removed: &[Member], added: &[Member]) -> String {
+    let mut out = String::new();
+    for (set, family, m) in removed {
+        let _ = writeln!(out, "del {} {m} -exist", set.name(*family));
+    }
+    for (set, family, m) in added {
+        let _ = writeln!(out, "add {} {m} -exist", set.name(*family));
+    }
+    out
 }
 
 /// Restore input that destroys `names` (ours, as `ipset list -n` showed them).
@@ -257,8 +303,17 @@ mod tests {
         assert_eq!(n, 2);
         assert_eq!(
             input,
-            "add KUBE-CLUSTER-IP 172.30.0.2,udp:53 -exist\ndel KUBE-NODE-PORT-TCP 30080 -exist\n"
+            "del KUBE-NODE-PORT-TCP 30080 -exist\nadd KUBE-CLUSTER-IP 172.30.0.2,udp:53 -exist\n"
         );
         assert_eq!(partial_input(&gone, &gone), (String::new(), 0));
+
+        // A member two service ports want stays until both let go.
+        let mut shared = Sets::default();
+        assert!(shared.insert(SetName::LoopBack, IpFamily::V4, "m".into()));
+        assert!(!shared.insert(SetName::LoopBack, IpFamily::V4, "m".into()));
+        assert!(!shared.remove(SetName::LoopBack, IpFamily::V4, "m"));
+        assert!(shared.contains(SetName::LoopBack, IpFamily::V4, "m"));
+        assert!(shared.remove(SetName::LoopBack, IpFamily::V4, "m"));
+        assert!(shared.is_empty());
     }
 }
