@@ -181,6 +181,24 @@ fn guest_ipvs_endpoint_change() {
     established_survives(Mode::Ipvs);
 }
 
+#[test]
+fn ipvs_agent_follows_changes_in_guest() {
+    guest::test_in_guest(
+        "guest_ipvs_agent_follows_changes",
+        &[],
+        std::time::Duration::from_secs(300),
+    );
+}
+
+/// `switchyard run` in IPVS mode: partial syncs on the real kernel as the manifests change,
+/// kill -9 and restart under load without a failed connection, a deleted service dropped.
+#[test]
+#[ignore = "runs inside the QEMU guest, through ipvs_agent_follows_changes_in_guest"]
+fn guest_ipvs_agent_follows_changes() {
+    guest::require_guest();
+    agent_follows_changes(Mode::Ipvs);
+}
+
 fn chat_slice(endpoints: &[serde_json::Value]) -> EndpointSlice {
     serde_json::from_value(json!({
         "namespace": "ns2", "service": "chat", "name": "chat-1", "addressType": "IPv4",
