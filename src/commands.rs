@@ -328,7 +328,15 @@ fn trace(args: &TraceArgs) -> Result<(), CommandError> {
     };
     let mode = match cfg.mode {
         ProxyMode::Iptables => tr::Mode::Iptables,
-        _ => tr::Mode::Nftables,
+        ProxyMode::Nftables => tr::Mode::Nftables,
+        // Explaining nftables rules for an IPVS node would be a confident wrong answer.
+        ProxyMode::Ipvs => {
+            return Err(bad(
+                "mode",
+                "ipvs",
+                "trace explains nftables and iptables mode; IPVS mode is not traced yet",
+            ))
+        }
     };
     let t = tr::trace(
         &snap,

@@ -329,6 +329,24 @@ fn render_ipvs_shows_services_addresses_sets_and_rules() {
     ] {
         assert!(s.contains(want), "missing {want:?} in:\n{s}");
     }
+    // trace does not explain IPVS mode, and says so rather than explain another mode.
+    let out = switchyard(&[
+        "trace",
+        "--config",
+        &cfg,
+        "--manifests",
+        &m,
+        "--from",
+        "10.0.0.9",
+        "--to",
+        "172.30.0.1:80/TCP",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("IPVS mode is not traced yet"),
+        "{}",
+        text(&out.stderr)
+    );
     let bad = write(
         dir.path(),
         "bad.yaml",
