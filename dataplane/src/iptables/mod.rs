@@ -13,7 +13,6 @@ use exec::{IptablesError, IptablesExecutor};
 use render::{FamilyLayout, Rendered};
 use restore::{Base, RestoreStats};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::time::Instant;
 
 /// Programs kube-proxy-compatible iptables chains through an [`IptablesExecutor`].
@@ -72,7 +71,6 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
     /// none of our chains, as `switchyard render` prints it.
     pub fn render(snapshot: &Snapshot) -> String {
         let rendered = render::render(snapshot);
-        let empty = restore::Saved::default();
         let mut out = String::new();
         for family in IpFamily::ALL {
             let (Some(layout), Some(jumps)) =
@@ -80,13 +78,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
             else {
                 continue;
             };
-            let (input, _) = restore::sync_input(layout, Base::Kernel(&empty), jumps);
-            let cmd = match family {
-                IpFamily::V4 => "iptables-restore",
-                IpFamily::V6 => "ip6tables-restore",
-            };
-            let _ = writeln!(out, "# {family}: {cmd} --noflush");
-            out.push_str(&input);
+            out.push_str(&restore_for_empty_kernel(family, layout, jumps));
         }
         out
     }
@@ -234,6 +226,22 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         }
         Ok(removed)
     }
+}
+
+/// What `render` prints for one family: the restore input that programs `layout` into a
+/// kernel holding nothing of ours, under a header naming the command.
+pub(crate) fn restore_for_empty_kernel(
+    family: IpFamily,
+    layout: &FamilyLayout,
+    jumps: &[render::Jump],
+) -> String {
+    let empty = restore::Saved::default();
+    let (input, _) = restore::sync_input(layout, Base::Kernel(&empty), jumps);
+    let cmd = match family {
+        IpFamily::V4 => "iptables-restore",
+        IpFamily::V6 => "ip6tables-restore",
+    };
+    format!("# {family}: {cmd} --noflush\n{input}")
 }
 
 #[cfg(test)]

@@ -199,6 +199,33 @@ pub(crate) fn detector(node: &NodeConfig, family: IpFamily) -> Option<(String, S
     }
 }
 
+/// KUBE-POSTROUTING's rules, both modes: masquerade what carries the mark `m`, clearing it
+/// (a packet re-entering the stack must not be masqueraded twice).
+pub(crate) fn masquerade_marked(m: &str) -> Vec<String> {
+    vec![
+        format!("-m mark ! --mark {m}/{m} -j RETURN"),
+        format!("-j MARK --xor-mark {m}"),
+        format!(
+            "{} -j MASQUERADE --random-fully",
+            comment("kubernetes service traffic requiring SNAT")
+        ),
+    ]
+}
+
+/// KUBE-FORWARD's rules, both modes: accept what we marked and what is established.
+pub(crate) fn forward_rules(m: &str) -> Vec<String> {
+    vec![
+        format!(
+            "{} -m mark --mark {m}/{m} -j ACCEPT",
+            comment("kubernetes forwarding rules")
+        ),
+        format!(
+            "{} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+            comment("kubernetes forwarding conntrack rule")
+        ),
+    ]
+}
+
 /// Probability of the i-th of the remaining `n` endpoints, as kube-proxy prints it.
 pub fn probability(n: usize) -> String {
     format!("{:.10}", 1.0 / n as f64)
@@ -640,31 +667,9 @@ fn fixed_chains(node: &NodeConfig, family: IpFamily) -> Tables {
     ] {
         filter.insert(chain.to_string(), Vec::new());
     }
-    nat.insert(
-        POSTROUTING.into(),
-        vec![
-            format!("-m mark ! --mark {m}/{m} -j RETURN"),
-            format!("-j MARK --xor-mark {m}"),
-            format!(
-                "{} -j MASQUERADE --random-fully",
-                comment("kubernetes service traffic requiring SNAT")
-            ),
-        ],
-    );
+    nat.insert(POSTROUTING.into(), masquerade_marked(&m));
     nat.insert(MARK_MASQ.into(), vec![format!("-j MARK --or-mark {m}")]);
-    filter.insert(
-        FORWARD.into(),
-        vec![
-            format!(
-                "{} -m mark --mark {m}/{m} -j ACCEPT",
-                comment("kubernetes forwarding rules")
-            ),
-            format!(
-                "{} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-                comment("kubernetes forwarding conntrack rule")
-            ),
-        ],
-    );
+    filter.insert(FORWARD.into(), forward_rules(&m));
     if family == IpFamily::V4 && localhost_node_ports(node) {
         // route_localnet lets remote hosts reach 127.0.0.1 services (issue 90259); kube-proxy
         // and kubelet both install this guard.

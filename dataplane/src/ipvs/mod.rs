@@ -137,17 +137,12 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
         for family in IpFamily::ALL {
             out.push_str(&sets::full_input(&p.sets, &[family]));
         }
-        let empty = restore::Saved::default();
         let jumps = rules::jumps();
         for family in IpFamily::ALL {
             let layout = rules::layout(&snapshot.node, family);
-            let (input, _) = restore::sync_input(&layout, Base::Kernel(&empty), &jumps);
-            let cmd = match family {
-                IpFamily::V4 => "iptables-restore",
-                IpFamily::V6 => "ip6tables-restore",
-            };
-            let _ = writeln!(out, "# {family}: {cmd} --noflush");
-            out.push_str(&input);
+            out.push_str(&crate::iptables::restore_for_empty_kernel(
+                family, &layout, &jumps,
+            ));
         }
         out
     }

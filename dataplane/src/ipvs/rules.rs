@@ -6,7 +6,9 @@
 //! a bound service address on a port no service has, which would otherwise reach the node.
 
 use super::sets::SetName;
-use crate::iptables::render::{detector, Chains, FamilyLayout, Jump, TableName, Tables};
+use crate::iptables::render::{
+    detector, forward_rules, masquerade_marked, Chains, FamilyLayout, Jump, TableName, Tables,
+};
 use crate::model::{IpFamily, NodeConfig};
 
 pub const SERVICES: &str = "KUBE-SERVICES";
@@ -110,36 +112,15 @@ pub fn layout(node: &NodeConfig, family: IpFamily) -> FamilyLayout {
     }
     nat.insert(NODE_PORT.into(), node_port);
     nat.insert(MARK_MASQ.into(), vec![format!("-j MARK --or-mark {m}")]);
-    nat.insert(
-        POSTROUTING.into(),
-        vec![
-            format!(
-                "{} {} -j MASQUERADE",
-                comment("Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"),
-                set(LoopBack, f, "dst,dst,src")
-            ),
-            format!("-m mark ! --mark {m}/{m} -j RETURN"),
-            format!("-j MARK --xor-mark {m}"),
-            format!(
-                "{} -j MASQUERADE --random-fully",
-                comment("kubernetes service traffic requiring SNAT")
-            ),
-        ],
-    );
+    let mut postrouting = vec![format!(
+        "{} {} -j MASQUERADE",
+        comment("Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"),
+        set(LoopBack, f, "dst,dst,src")
+    )];
+    postrouting.extend(masquerade_marked(&m));
+    nat.insert(POSTROUTING.into(), postrouting);
 
-    filter.insert(
-        FORWARD.into(),
-        vec![
-            format!(
-                "{} -m mark --mark {m}/{m} -j ACCEPT",
-                comment("kubernetes forwarding rules")
-            ),
-            format!(
-                "{} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-                comment("kubernetes forwarding conntrack rule")
-            ),
-        ],
-    );
+    filter.insert(FORWARD.into(), forward_rules(&m));
     filter.insert(
         NODE_PORT.into(),
         vec![format!(
