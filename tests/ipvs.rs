@@ -181,8 +181,8 @@ fn servers(s: &mut IpvsSocket, i: usize) -> Vec<IpAddr> {
 /// The backend on the real IPVS, the real kube-ipvs0 and real iptables: a full sync
 /// programs every service (and sets the sysctls, strictARP's and the timeouts), one endpoint change is two netlink operations (add the new
 /// server, delete the old one, which has no connections), a sync with nothing new and a
-/// full resync of an intact kernel change nothing, and a server removed behind our back is
-/// put back by the full resync.
+/// full resync of an intact kernel change nothing, a server removed behind our back is put
+/// back by the full resync, and cleanup leaves nothing of ours.
 #[test]
 #[ignore = "runs inside the QEMU guest, through backend_changes_in_guest"]
 fn guest_backend_changes() {
@@ -272,6 +272,26 @@ fn guest_backend_changes() {
         assert_eq!(s.services().unwrap().len(), n - 1);
         let bound = ipvs_link::Rtnetlink.addresses().unwrap().bound;
         assert!(!bound.contains(&synth::cluster_ip(9)) && bound.len() == n - 1);
+
+        // cleanup takes away all of it: virtual services, kube-ipvs0, sets, chains.
+        assert!(b.cleanup().unwrap() > 0);
+        assert!(s.services().unwrap().is_empty());
+        assert!(ipvs_link::Rtnetlink.addresses().unwrap().bound.is_empty());
+        let run = |prog: &str, args: &[&str]| {
+            let out = std::process::Command::new(prog)
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{prog} {args:?}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        assert_eq!(run("ipset", &["list", "-n"]).trim(), "");
+        let links = run("ip", &["-o", "link", "show"]);
+        assert!(!links.contains("kube-ipvs0"), "{links}");
+        for table in ["nat", "filter"] {
+            let rules = run("iptables-save", &["-t", table]);
+            assert!(!rules.contains("KUBE-"), "{table}: {rules}");
+        }
         Ok(())
     })
     .unwrap();
