@@ -58,7 +58,8 @@ pub fn service_ops(
     out: &mut Vec<Op>,
 ) {
     match (have, want) {
-        (None, None) => {}
+        // Nothing held, nothing wanted (gone behind our back): nothing left to drain.
+        (None, None) => draining.retain(|(s, _, _)| s != id),
         (Some(_), None) => {
             // A service going away takes its servers with it, drained or not.
             draining.retain(|(s, _, _)| s != id);

@@ -75,8 +75,15 @@ pub struct IpvsBackend<K: IpvsKernel, E: IptablesExecutor> {
     options: IpvsOptions,
     applied: Option<Applied>,
     draining: Draining,
+    /// How often partial syncs look again at drained servers outside the change (each
+    /// look is one read per service; kube-proxy looks once a minute). Full syncs always do.
+    drain_recheck: std::time::Duration,
+    drain_checked: Option<Instant>,
     pub last: IpvsStats,
 }
+
+/// [`IpvsBackend`]'s `drain_recheck`.
+const DRAIN_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
     pub fn new(kernel: K, ipt: E, options: IpvsOptions) -> Self {
@@ -91,6 +98,8 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
             options,
             applied: None,
             draining: Draining::new(),
+            drain_recheck: DRAIN_RECHECK,
+            drain_checked: None,
             last: IpvsStats::default(),
         }
     }
@@ -101,6 +110,17 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
 
     pub fn kernel_mut(&mut self) -> &mut K {
         &mut self.kernel
+    }
+
+    /// Whether this partial sync looks again at every drained server (and notes when).
+    fn recheck_drained(&mut self) -> bool {
+        let due = self
+            .drain_checked
+            .is_none_or(|t| t.elapsed() >= self.drain_recheck);
+        if due {
+            self.drain_checked = Some(Instant::now());
+        }
+        due
     }
 
     /// Real servers waiting at weight 0 for their connections to end.
@@ -291,11 +311,16 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
         };
         applied.iptables = iptables;
         let mut ops = Vec::new();
+        let all_drained = self.recheck_drained();
+        let Some(applied) = self.applied.as_ref() else {
+            return Ok((0, stats));
+        };
         partial_ops(
             &mut self.kernel,
             &mut self.draining,
             &applied.plan,
             &delta.services,
+            all_drained,
             &mut ops,
         )?;
         let (done, failed) = apply_ops(&mut self.kernel, ops);
@@ -363,6 +388,10 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
                     diff::service_ops(id, None, Some(want), &mut self.draining, &mut ops);
                 }
             }
+            // Every drained server was looked at; those of services gone are forgotten.
+            self.draining
+                .retain(|(s, _, _)| plan.services.contains_key(s));
+            self.drain_checked = Some(Instant::now());
         } else {
             let Some(applied) = self.applied.as_ref() else {
                 return Ok((ops, None));
@@ -383,6 +412,7 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
                 &mut self.draining,
                 plan,
                 &changes,
+                true,
                 &mut ops,
             )?;
         }
@@ -418,15 +448,21 @@ fn apply_ops<K: IpvsKernel>(kernel: &mut K, ops: Vec<Op>) -> (Vec<Op>, Option<Ip
 /// The operations that move the virtual services in `changes` (each with what the last
 /// sync wanted for it) to `plan`, without reading the kernel except where a server is
 /// removed from a TCP service (its connection counts decide whether it drains) and for
-/// servers drained before, which are looked at again wherever their service is.
+/// servers drained before: in the changed services, and with `all_drained` wherever
+/// their service is.
 fn partial_ops<K: IpvsKernel>(
     kernel: &mut K,
     draining: &mut Draining,
     plan: &Plan,
     changes: &BTreeMap<ServiceId, Option<plan::WantedService>>,
+    all_drained: bool,
     ops: &mut Vec<Op>,
 ) -> Result<(), IpvsError> {
-    let drained: BTreeSet<ServiceId> = draining.iter().map(|(s, _, _)| *s).collect();
+    let drained: BTreeSet<ServiceId> = draining
+        .iter()
+        .map(|(s, _, _)| *s)
+        .filter(|s| all_drained || changes.contains_key(s))
+        .collect();
     let mut prior: Vec<(ServiceId, Option<Have>)> = Vec::new();
     let ids: BTreeSet<ServiceId> = changes
         .keys()
@@ -573,6 +609,7 @@ impl<K: IpvsKernel, E: IptablesExecutor> Backend for IpvsBackend<K, E> {
     /// chains and sets went away.
     fn cleanup(&mut self) -> Result<usize, BackendError> {
         let applied = self.applied.take();
+        self.draining.clear();
         let (mut removed, _) = remove_ipvs(
             &mut self.kernel,
             applied.as_ref().map(|a| &a.plan),

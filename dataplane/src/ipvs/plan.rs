@@ -342,14 +342,6 @@ fn port_wants(
     let sel = selection::select(node, svc, snapshot.endpoints_of(name));
     let internal = selection::internal(svc, &sel);
     let external = selection::external(svc, &sel);
-    let has_endpoints = !snapshot.endpoints_of(name).is_empty();
-    let mut no_local = NoLocalEndpoints::default();
-    if has_endpoints && internal.is_empty() {
-        no_local.internal = 1;
-    }
-    if has_endpoints && external.is_empty() && svc.has_external_frontends() {
-        no_local.external = 1;
-    }
     let (flags, timeout) = match svc.session_affinity {
         SessionAffinity::None => (0, 0),
         SessionAffinity::ClientIp { timeout_seconds } => (SVC_F_PERSISTENT, timeout_seconds),
@@ -368,6 +360,11 @@ fn port_wants(
     let stranded = !sel.cluster.is_empty() && sel.local.is_empty();
     let internal_stranded = stranded && svc.internal_traffic_policy == TrafficPolicy::Local;
     let external_stranded = stranded && local_policy;
+    // As the other modes count them: usable endpoints, none of them here, Local policy.
+    let no_local = NoLocalEndpoints {
+        internal: usize::from(internal_stranded),
+        external: usize::from(external_stranded && svc.has_external_frontends()),
+    };
     let front_end = |addr: IpAddr, port: u16, eps: &[&Endpoint], stranded: bool| {
         let mut members = Vec::new();
         if stranded {
@@ -483,6 +480,10 @@ fn port_wants(
             ));
         }
     }
+    // A port that names one front end twice (an external IP that is also its load-balancer
+    // IP) keeps the first: not a conflict between services.
+    let mut seen = BTreeSet::new();
+    front_ends.retain(|fe| seen.insert(fe.id));
     PortWants {
         front_ends,
         node_port_members,
@@ -736,5 +737,31 @@ mod tests {
         assert_eq!(p2.conflicts.len(), 1);
         let mut p2b = p2.clone();
         assert!(p2b.update(&s, &key("svc-9"), &nodes, "rr").is_none());
+    }
+
+    /// An external IP that is also the port's load-balancer IP is one front end, not a
+    /// conflict, so partial updates still apply; Local policies count stranded ports only.
+    #[test]
+    fn a_port_naming_one_front_end_twice_is_no_conflict() {
+        let mut s = snapshot();
+        let k = s.services.keys().next().cloned().unwrap();
+        s.services.get_mut(&k).unwrap().external_ips = vec![ip("1.2.3.4")];
+        let nodes = [ip("192.168.0.2")];
+        let mut p = plan(&s, &nodes, "rr");
+        assert!(p.conflicts.is_empty(), "{:?}", p.conflicts);
+        assert_eq!(p.no_local_endpoints, NoLocalEndpoints::default());
+        // The local endpoint goes: the Local front ends are stranded, the ClusterIP is not.
+        let name = k.0.clone();
+        s.endpoints
+            .get_mut(&name)
+            .unwrap()
+            .retain(|e| e.node_name.is_none());
+        let changed: BTreeSet<(String, String)> = [("ns".to_string(), "web".to_string())].into();
+        assert!(p.update(&s, &changed, &nodes, "rr").is_some());
+        assert_eq!(p, plan(&s, &nodes, "rr"));
+        assert_eq!(
+            (p.no_local_endpoints.internal, p.no_local_endpoints.external),
+            (0, 1)
+        );
     }
 }

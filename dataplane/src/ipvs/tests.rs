@@ -83,6 +83,8 @@ fn one_endpoint_change_is_one_netlink_request() {
 #[test]
 fn removed_tcp_server_with_connections_drains_then_goes() {
     let mut b = backend();
+    // Every partial sync looks at drained servers again (by default every 5 s).
+    b.drain_recheck = std::time::Duration::ZERO;
     let mut snap = synth::cluster(2, 2);
     b.sync(&snap, Scope::All).unwrap();
     let gone = synth::endpoint_ip(1, 0, 0);
@@ -127,6 +129,46 @@ fn removed_tcp_server_with_connections_drains_then_goes() {
     );
     assert_eq!(b.draining(), 0);
     assert_eq!(b.kernel().services[&id(1)].1.len(), 1);
+}
+
+/// Drained servers outside the change are looked at again only every `drain_recheck`:
+/// each look is one read per service.
+#[test]
+fn drained_servers_outside_the_change_wait_for_the_recheck() {
+    let mut b = backend();
+    let mut snap = synth::cluster(2, 2);
+    b.sync(&snap, Scope::All).unwrap();
+    let gone = synth::endpoint_ip(1, 0, 0);
+    for d in b
+        .kernel_mut()
+        .services
+        .get_mut(&id(1))
+        .unwrap()
+        .1
+        .values_mut()
+    {
+        d.active_conns = 1;
+    }
+    snap.endpoints
+        .values_mut()
+        .nth(1)
+        .unwrap()
+        .retain(|e| e.ip != gone);
+    b.sync(&snap, Scope::Services(&changed(1))).unwrap();
+    assert_eq!(b.draining(), 1);
+    b.drain_recheck = std::time::Duration::from_secs(3600);
+    synth::replace_endpoint(&mut snap, 0, 1, 1);
+    b.sync(&snap, Scope::Services(&changed(0))).unwrap();
+    assert_eq!(
+        (b.last.operations, b.last.requests),
+        (2, 3),
+        "svc-0's change only, without reading svc-1's servers"
+    );
+    b.drain_recheck = std::time::Duration::ZERO;
+    synth::replace_endpoint(&mut snap, 0, 1, 2);
+    b.sync(&snap, Scope::Services(&changed(0))).unwrap();
+    assert_eq!(b.last.requests, 4, "and svc-1's servers read again");
+    assert_eq!(b.draining(), 1, "still connected");
 }
 
 #[test]
