@@ -329,14 +329,7 @@ fn trace(args: &TraceArgs) -> Result<(), CommandError> {
     let mode = match cfg.mode {
         ProxyMode::Iptables => tr::Mode::Iptables,
         ProxyMode::Nftables => tr::Mode::Nftables,
-        // Explaining nftables rules for an IPVS node would be a confident wrong answer.
-        ProxyMode::Ipvs => {
-            return Err(bad(
-                "mode",
-                "ipvs",
-                "trace explains nftables and iptables mode; IPVS mode is not traced yet",
-            ))
-        }
+        ProxyMode::Ipvs => tr::Mode::Ipvs,
     };
     let t = tr::trace(
         &snap,

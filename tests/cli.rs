@@ -329,7 +329,7 @@ fn render_ipvs_shows_services_addresses_sets_and_rules() {
     ] {
         assert!(s.contains(want), "missing {want:?} in:\n{s}");
     }
-    // trace does not explain IPVS mode, and says so rather than explain another mode.
+    // trace follows IPVS mode's rules too.
     let out = switchyard(&[
         "trace",
         "--config",
@@ -341,12 +341,13 @@ fn render_ipvs_shows_services_addresses_sets_and_rules() {
         "--to",
         "172.30.0.1:80/TCP",
     ]);
-    assert!(!out.status.success());
+    assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("IPVS mode is not traced yet"),
+        text(&out.stdout).contains("verdict: DNAT to 10.0.0.1:8080"),
         "{}",
-        text(&out.stderr)
+        text(&out.stdout)
     );
+
     let bad = write(
         dir.path(),
         "bad.yaml",

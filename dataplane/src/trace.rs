@@ -1,6 +1,6 @@
 //! What happens to one packet, and why: the decisions the programmed rules make (front end,
 //! source ranges, endpoint selection and traffic policy, masquerade), taken on the snapshot
-//! the rules are rendered from, for either mode. Pure; `switchyard trace` prints it, and the
+//! the rules are rendered from, for each mode. Pure; `switchyard trace` prints it, and the
 //! conformance cases check that its verdicts agree with what real packets do.
 
 use crate::iptables::render::localhost_node_ports;
@@ -18,6 +18,7 @@ use std::net::{IpAddr, SocketAddr};
 pub enum Mode {
     Nftables,
     Iptables,
+    Ipvs,
 }
 
 /// Where the packet starts.
@@ -188,7 +189,8 @@ pub fn trace(s: &Snapshot, mode: Mode, p: &Packet) -> Trace {
                 "{dst} is a cluster IP, but no service port matches"
             ));
             match mode {
-                Mode::Nftables => Verdict::Reject,
+                // IPVS mode: KUBE-IPVS-FILTER, for a bound address on a port no service has.
+                Mode::Nftables | Mode::Ipvs => Verdict::Reject,
                 Mode::Iptables => Verdict::Accept,
             }
         } else if node.service_cidrs.iter().any(|c| c.contains(dst)) {
@@ -196,7 +198,7 @@ pub fn trace(s: &Snapshot, mode: Mode, p: &Packet) -> Trace {
                 "{dst} is in a ServiceCIDR but allocated to nothing"
             ));
             match mode {
-                Mode::Nftables => Verdict::Drop,
+                Mode::Nftables | Mode::Ipvs => Verdict::Drop,
                 Mode::Iptables => Verdict::Accept,
             }
         } else {
@@ -217,7 +219,7 @@ pub fn trace(s: &Snapshot, mode: Mode, p: &Packet) -> Trace {
                 .is_some_and(|n| ranges.iter().any(|r| r.contains(n)));
             let allowed = ranges.iter().any(|r| r.contains(p.source))
                 || (node_in_range && svc.load_balancer_ips.contains(&p.source));
-            if !allowed && (mode == Mode::Nftables || has_any) {
+            if !allowed && (mode != Mode::Iptables || has_any) {
                 let shown: Vec<String> = ranges.iter().map(|r| r.to_string()).collect();
                 steps.push(format!(
                     "{} is outside loadBalancerSourceRanges {}: dropped",
@@ -273,6 +275,22 @@ pub fn trace(s: &Snapshot, mode: Mode, p: &Packet) -> Trace {
                 sel.cluster.len()
             ));
             dnat(&sel.cluster, true, p.source)
+        }
+        // One virtual service, one set of real servers, whoever sends.
+        _ if mode == Mode::Ipvs && sel.local.is_empty() && p.origin.on_the_node() => {
+            steps.push("externalTrafficPolicy Local and no endpoint on this node: IPVS meets the node's packet before the filter and refuses it (a virtual service without real servers)".into());
+            Verdict::Reject
+        }
+        _ if mode == Mode::Ipvs && sel.local.is_empty() => {
+            steps.push("externalTrafficPolicy Local and no endpoint on this node: dropped, pods' packets too (IPVS has one set of real servers for every client)".into());
+            Verdict::Drop
+        }
+        _ if mode == Mode::Ipvs => {
+            steps.push(format!(
+                "externalTrafficPolicy Local: the {} local endpoints for every client (IPVS), client address kept",
+                sel.local.len()
+            ));
+            dnat(&sel.local, false, p.source)
         }
         _ if local => {
             steps.push(
