@@ -153,7 +153,33 @@ fn guest_ipvs_netlink() {
         let err = s.apply(&Op::AddService(id, rr.clone())).unwrap_err();
         assert!(err.to_string().contains("error 17"), "{err}");
         s.apply(&Op::DeleteService(id)).unwrap();
-        assert_eq!(s.services().unwrap(), vec![(v6, rr)]);
+        assert_eq!(s.services().unwrap(), vec![(v6, rr.clone())]);
+
+        // Batched: 300 operations over three datagrams, one refused in the middle; the
+        // others all land and each outcome comes back in order.
+        let batch_svc = ServiceId {
+            addr: "172.30.0.20".parse().unwrap(),
+            protocol: Protocol::Tcp,
+            port: 80,
+        };
+        let mut ops = vec![Op::AddService(batch_svc, rr.clone())];
+        for i in 0..298u32 {
+            let addr = std::net::Ipv4Addr::from(0x0a02_0000 + i + 1);
+            ops.push(Op::AddDest(batch_svc, IpAddr::V4(addr), 8080, 1));
+        }
+        ops.insert(150, Op::AddService(batch_svc, rr.clone()));
+        let results = s.apply_all(&ops).unwrap();
+        assert_eq!(results.len(), 300);
+        for (i, r) in results.iter().enumerate() {
+            if i == 150 {
+                let e = r.as_ref().unwrap_err().to_string();
+                assert!(e.contains("error 17"), "{e}");
+            } else {
+                assert!(r.is_ok(), "{i}: {r:?}");
+            }
+        }
+        assert_eq!(s.dests(&batch_svc).unwrap().len(), 298);
+
         s.flush().unwrap();
         assert!(s.services().unwrap().is_empty());
         Ok(())

@@ -364,6 +364,34 @@ pub fn decode_dest(body: &[u8]) -> Result<Dest, String> {
     })
 }
 
+/// One netlink message of a datagram: type, sequence number and body (after the 16-byte
+/// header).
+type Message<'a> = (u16, u32, &'a [u8]);
+
+/// The netlink messages of one datagram.
+fn messages(datagram: &[u8]) -> Result<Vec<Message<'_>>, &'static str> {
+    let mut out = Vec::new();
+    let mut rest = datagram;
+    while rest.len() >= 16 {
+        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if len < 16 || len > rest.len() {
+            return Err("bad message length");
+        }
+        let kind = u16::from_ne_bytes([rest[4], rest[5]]);
+        let seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
+        out.push((kind, seq, &rest[16..len]));
+        rest = rest.get((len + 3) & !3..).unwrap_or(&[]);
+    }
+    Ok(out)
+}
+
+/// The error code of an NLMSG_ERROR body (0 for an acknowledgement).
+fn errno_of(body: &[u8]) -> Option<i32> {
+    body.get(..4)
+        .and_then(|b| b.try_into().ok())
+        .map(i32::from_ne_bytes)
+}
+
 fn genl_message(family: u16, flags: u16, seq: u32, cmd: u8, version: u8, attrs: &[u8]) -> Vec<u8> {
     let len = 16 + 4 + attrs.len();
     let mut buf = Vec::with_capacity(len);
@@ -451,27 +479,14 @@ impl IpvsSocket {
             self.socket
                 .recv(&mut datagram, 0)
                 .map_err(GenlError::Socket)?;
-            let mut rest = datagram.as_slice();
-            while rest.len() >= 16 {
-                let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-                if len < 16 || len > rest.len() {
-                    return Err(malformed("bad message length"));
-                }
-                let kind = u16::from_ne_bytes([rest[4], rest[5]]);
-                let mseq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
-                let body = &rest[16..len];
-                rest = rest.get((len + 3) & !3..).unwrap_or(&[]);
+            for (kind, mseq, body) in messages(&datagram).map_err(malformed)? {
                 if mseq != seq {
                     continue;
                 }
                 match kind {
                     NLMSG_DONE => return Ok(out),
                     NLMSG_ERROR => {
-                        let errno = body
-                            .get(..4)
-                            .and_then(|b| b.try_into().ok())
-                            .map(i32::from_ne_bytes)
-                            .ok_or_else(|| malformed("short error"))?;
+                        let errno = errno_of(body).ok_or_else(|| malformed("short error"))?;
                         if errno == 0 {
                             return Ok(out);
                         }
@@ -528,6 +543,65 @@ impl IpvsSocket {
                 })
             })
             .collect()
+    }
+
+    /// Applies `ops` in order, many requests to a datagram, and reads the answers after
+    /// each datagram: the kernel still handles and acknowledges each on its own, so one
+    /// that fails does not stop the others. The outcome of each, in order; `Err` only when
+    /// the socket itself fails.
+    pub fn apply_all(&mut self, ops: &[Op]) -> Result<Vec<Result<(), GenlError>>, GenlError> {
+        // Small enough that the acknowledgements of a batch fit the socket's buffer.
+        const BATCH: usize = 128;
+        let mut out = Vec::with_capacity(ops.len());
+        for chunk in ops.chunks(BATCH) {
+            let first = self.seq.wrapping_add(1);
+            let mut buf = Vec::new();
+            for op in chunk {
+                self.seq = self.seq.wrapping_add(1);
+                self.requests += 1;
+                let (cmd, a) = encode(op);
+                buf.extend(genl_message(
+                    self.family,
+                    NLM_F_ACK,
+                    self.seq,
+                    cmd,
+                    IPVS_GENL_VERSION,
+                    &a,
+                ));
+            }
+            self.socket.send(&buf, 0).map_err(GenlError::Socket)?;
+            let mut results: Vec<Option<Result<(), GenlError>>> = Vec::new();
+            results.resize_with(chunk.len(), || None);
+            let mut left = chunk.len();
+            while left > 0 {
+                let mut datagram: Vec<u8> = Vec::with_capacity(1 << 16);
+                self.socket
+                    .recv(&mut datagram, 0)
+                    .map_err(GenlError::Socket)?;
+                let replies = messages(&datagram).map_err(|d| GenlError::Malformed {
+                    what: "apply".into(),
+                    detail: d.into(),
+                })?;
+                for (kind, seq, body) in replies {
+                    let i = seq.wrapping_sub(first) as usize;
+                    if kind != NLMSG_ERROR || i >= chunk.len() || results[i].is_some() {
+                        continue;
+                    }
+                    let errno = errno_of(body).unwrap_or(-22);
+                    results[i] = Some(if errno == 0 {
+                        Ok(())
+                    } else {
+                        Err(GenlError::Kernel {
+                            what: chunk[i].to_string(),
+                            errno: -errno,
+                        })
+                    });
+                    left -= 1;
+                }
+            }
+            out.extend(results.into_iter().map(|r| r.unwrap_or(Ok(()))));
+        }
+        Ok(out)
     }
 
     /// Applies one operation.

@@ -64,6 +64,11 @@ pub trait IpvsKernel {
     fn services(&mut self) -> Result<Vec<(ServiceId, ServiceSpec)>, IpvsError>;
     fn dests(&mut self, id: &ServiceId) -> Result<Vec<Dest>, IpvsError>;
     fn apply(&mut self, op: &Op) -> Result<(), IpvsError>;
+    /// Applies `ops` in order, each on its own (one failing does not stop the others):
+    /// the outcome of each. `Err` when none could be tried.
+    fn apply_all(&mut self, ops: &[Op]) -> Result<Vec<Result<(), IpvsError>>, IpvsError> {
+        Ok(ops.iter().map(|op| self.apply(op)).collect())
+    }
     fn ipset_restore(&mut self, input: &str) -> Result<(), IpvsError>;
     /// Names of every ipset in the kernel.
     fn ipset_names(&mut self) -> Result<Vec<String>, IpvsError>;
@@ -126,6 +131,15 @@ impl IpvsKernel for RealIpvs {
 
     fn apply(&mut self, op: &Op) -> Result<(), IpvsError> {
         Ok(self.socket.apply(op)?)
+    }
+
+    fn apply_all(&mut self, ops: &[Op]) -> Result<Vec<Result<(), IpvsError>>, IpvsError> {
+        Ok(self
+            .socket
+            .apply_all(ops)?
+            .into_iter()
+            .map(|r| r.map_err(IpvsError::from))
+            .collect())
     }
 
     fn ipset_restore(&mut self, input: &str) -> Result<(), IpvsError> {

@@ -428,13 +428,19 @@ fn owned(id: &ServiceId, addrs: &LinkAddresses, last: Option<&Plan>) -> bool {
         || (addrs.local.contains(&id.addr) && NODE_PORT_RANGE.contains(&id.port))
 }
 
-/// Applies `ops` one by one; a failed one does not stop the others. Returns those done
-/// and the first error.
+/// Applies `ops` (in batches, each operation on its own); a failed one does not stop the
+/// others. Returns those done and the first error.
 fn apply_ops<K: IpvsKernel>(kernel: &mut K, ops: Vec<Op>) -> (Vec<Op>, Option<IpvsError>) {
+    let results = match kernel.apply_all(&ops) {
+        Ok(r) => r,
+        // The socket failed: what the kernel took is unknown, so nothing counts as done
+        // (and the next sync reads the kernel).
+        Err(e) => return (Vec::new(), Some(e)),
+    };
     let mut first = None;
     let mut done = Vec::with_capacity(ops.len());
-    for op in ops {
-        match kernel.apply(&op) {
+    for (op, r) in ops.into_iter().zip(results) {
+        match r {
             Ok(()) => done.push(op),
             Err(e) => {
                 tracing::warn!("IPVS: {e}");
