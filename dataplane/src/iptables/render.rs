@@ -96,6 +96,30 @@ pub fn localhost_node_ports(node: &NodeConfig) -> bool {
 
 const NEW: &str = "-m conntrack --ctstate NEW";
 
+/// The nat table's jumps, the same in iptables and IPVS mode: service portals from
+/// OUTPUT and PREROUTING, masquerading from POSTROUTING.
+pub(crate) fn nat_jumps() -> Vec<Jump> {
+    let j = |builtin, rule: String, target| Jump {
+        table: TableName::Nat,
+        builtin,
+        rule,
+        target,
+    };
+    let portals = format!("{} -j {SERVICES}", comment("kubernetes service portals"));
+    vec![
+        j("OUTPUT", portals.clone(), SERVICES),
+        j("PREROUTING", portals, SERVICES),
+        j(
+            "POSTROUTING",
+            format!(
+                "{} -j {POSTROUTING}",
+                comment("kubernetes postrouting rules")
+            ),
+            POSTROUTING,
+        ),
+    ]
+}
+
 /// The jumps from the built-in chains, in the order they should appear at the top.
 pub fn jumps(node: &NodeConfig, family: IpFamily) -> Vec<Jump> {
     use TableName::*;
@@ -138,25 +162,8 @@ pub fn jumps(node: &NodeConfig, family: IpFamily) -> Vec<Jump> {
         j(Filter, "FORWARD", external, EXTERNAL_SERVICES),
         j(Filter, "OUTPUT", fw, PROXY_FIREWALL),
         j(Filter, "OUTPUT", portals, SERVICES),
-        j(
-            Nat,
-            "OUTPUT",
-            format!("{} -j {SERVICES}", c("kubernetes service portals")),
-            SERVICES,
-        ),
-        j(
-            Nat,
-            "PREROUTING",
-            format!("{} -j {SERVICES}", c("kubernetes service portals")),
-            SERVICES,
-        ),
-        j(
-            Nat,
-            "POSTROUTING",
-            format!("{} -j {POSTROUTING}", c("kubernetes postrouting rules")),
-            POSTROUTING,
-        ),
     ];
+    out.extend(nat_jumps());
     if family == IpFamily::V4 && localhost_node_ports(node) {
         for builtin in ["INPUT", "OUTPUT"] {
             out.push(j(

@@ -253,6 +253,7 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
         else {
             return Ok(None);
         };
+        let no_local_endpoints = applied.plan.no_local_endpoints;
         // From here the last plan is the new one: a failure sends the next sync to the
         // kernel for the truth.
         match self.apply_delta(snapshot, &delta) {
@@ -265,16 +266,13 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
                     address_changes,
                     set_changes,
                 };
-                let Some(applied) = self.applied.as_ref() else {
-                    return Ok(None);
-                };
                 Ok(Some(SyncReport {
                     full: false,
                     drift: false,
                     stats,
                     duration: started.elapsed(),
                     conflicts: Vec::new(),
-                    no_local_endpoints: applied.plan.no_local_endpoints,
+                    no_local_endpoints,
                     services: snapshot.service_count(),
                     endpoints: snapshot.endpoint_count(),
                 }))
@@ -306,15 +304,12 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
                 .add(&delta.bound_added)
                 .map_err(IpvsError::Link)?;
         }
+        let all_drained = self.recheck_drained();
         let Some(applied) = self.applied.as_mut() else {
             return Ok((0, stats));
         };
         applied.iptables = iptables;
         let mut ops = Vec::new();
-        let all_drained = self.recheck_drained();
-        let Some(applied) = self.applied.as_ref() else {
-            return Ok((0, stats));
-        };
         partial_ops(
             &mut self.kernel,
             &mut self.draining,

@@ -7,7 +7,8 @@
 
 use super::sets::SetName;
 use crate::iptables::render::{
-    detector, forward_rules, masquerade_marked, Chains, FamilyLayout, Jump, TableName, Tables,
+    detector, forward_rules, masquerade_marked, nat_jumps, Chains, FamilyLayout, Jump, TableName,
+    Tables,
 };
 use crate::model::{IpFamily, NodeConfig};
 
@@ -204,28 +205,8 @@ pub fn jumps() -> Vec<Jump> {
         "-m conntrack --ctstate NEW {} -j {PROXY_FIREWALL}",
         comment("kube-proxy firewall rules")
     );
-    vec![
-        j(
-            Nat,
-            "PREROUTING",
-            format!("{} -j {SERVICES}", comment("kubernetes service portals")),
-            SERVICES,
-        ),
-        j(
-            Nat,
-            "OUTPUT",
-            format!("{} -j {SERVICES}", comment("kubernetes service portals")),
-            SERVICES,
-        ),
-        j(
-            Nat,
-            "POSTROUTING",
-            format!(
-                "{} -j {POSTROUTING}",
-                comment("kubernetes postrouting rules")
-            ),
-            POSTROUTING,
-        ),
+    let mut out = nat_jumps();
+    out.extend([
         j(Filter, "INPUT", new_fw.clone(), PROXY_FIREWALL),
         j(
             Filter,
@@ -253,7 +234,8 @@ pub fn jumps() -> Vec<Jump> {
         ),
         j(Filter, "FORWARD", new_fw.clone(), PROXY_FIREWALL),
         j(Filter, "OUTPUT", new_fw, PROXY_FIREWALL),
-    ]
+    ]);
+    out
 }
 
 #[cfg(test)]
