@@ -55,6 +55,17 @@ pub fn cluster(services: usize, endpoints: usize) -> Snapshot {
     s
 }
 
+/// Add service `i` (as [`cluster`] names it) with `endpoints` endpoints.
+pub fn add_service(s: &mut Snapshot, i: usize, endpoints: usize) {
+    let name = ServicePortName::new("bench", &format!("svc-{i}"), "http", Protocol::Tcp);
+    let port = ServicePort::cluster(name.clone(), cluster_ip(i), 80);
+    s.services.insert((name.clone(), IpFamily::V4), port);
+    let eps = (0..endpoints)
+        .map(|j| Endpoint::ready(endpoint_ip(i, j, 0), 8080))
+        .collect();
+    s.endpoints.insert(name, eps);
+}
+
 /// Replace endpoint `j` of service `i` with a new address: a one-endpoint change.
 pub fn replace_endpoint(s: &mut Snapshot, i: usize, j: usize, generation: u32) {
     let name = ServicePortName::new("bench", &format!("svc-{i}"), "http", Protocol::Tcp);

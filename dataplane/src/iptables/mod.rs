@@ -134,8 +134,14 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
         let all_applied = IpFamily::ALL
             .iter()
             .all(|f| self.applied.families.contains_key(f));
+        // Crossing kube-proxy's large-cluster threshold changes every endpoint rule: the
+        // sync compares every port with the last one then (still writing only what differs).
         let changed = match scope {
-            Scope::Services(changed) if all_applied => Some(changed),
+            Scope::Services(changed)
+                if all_applied && !render::mode_changed(snapshot, &self.applied) =>
+            {
+                Some(changed)
+            }
             _ => None,
         };
         // With changed services, the rest of the layout moves over from the last sync and

@@ -267,6 +267,8 @@ pub struct PortRules {
 pub struct FamilyLayout {
     pub fixed: Tables,
     pub ports: BTreeMap<ServicePortName, PortRules>,
+    /// Rendered in kube-proxy's large-cluster mode (see [`large_cluster`]).
+    pub large_cluster: bool,
 }
 
 impl FamilyLayout {
@@ -303,20 +305,33 @@ struct PortRenderer<'a> {
     node: &'a NodeConfig,
     family: IpFamily,
     detector: Option<(String, String)>,
+    /// Comments on the endpoint rules (off in large-cluster mode).
+    endpoint_comments: bool,
 }
 
 impl PortRenderer<'_> {
-    fn new(node: &NodeConfig, family: IpFamily) -> PortRenderer<'_> {
+    fn new(node: &NodeConfig, family: IpFamily, large_cluster: bool) -> PortRenderer<'_> {
         PortRenderer {
             node,
             family,
             detector: detector(node, family),
+            endpoint_comments: !large_cluster,
+        }
+    }
+
+    /// `-m comment --comment "text" ` for an endpoint rule, or nothing in large-cluster mode.
+    fn endpoint_comment(&self, text: &str) -> String {
+        if self.endpoint_comments {
+            format!("{} ", comment(text))
+        } else {
+            String::new()
         }
     }
 
     /// The rules from `chain` to `endpoints`, each with an equal share; with session
     /// affinity, a client seen within `affinity` seconds goes back to its endpoint first.
     fn balance(
+        &self,
         out: &mut PortRules,
         spn: &str,
         chain: &str,
@@ -325,51 +340,58 @@ impl PortRenderer<'_> {
     ) {
         let n = endpoints.len();
         let rules = out.chains.entry(chain.to_string()).or_default();
+        let c = |ep: &Endpoint| {
+            self.endpoint_comment(&format!(
+                "{spn} -> {}",
+                names::endpoint_string(ep.ip, ep.port)
+            ))
+        };
         if let Some(secs) = affinity {
             for (ep, sep) in endpoints {
                 rules.push(format!(
-                    "{} -m recent --name {sep} --rcheck --seconds {secs} --reap -j {sep}",
-                    comment(&format!(
-                        "{spn} -> {}",
-                        names::endpoint_string(ep.ip, ep.port)
-                    ))
+                    "{}-m recent --name {sep} --rcheck --seconds {secs} --reap -j {sep}",
+                    c(ep)
                 ));
             }
         }
         for (i, (ep, sep)) in endpoints.iter().enumerate() {
-            let mut rule = comment(&format!(
-                "{spn} -> {}",
-                names::endpoint_string(ep.ip, ep.port)
-            ));
+            let mut rule = c(ep);
             if i + 1 < n {
                 let _ = write!(
                     rule,
-                    " -m statistic --mode random --probability {}",
+                    "-m statistic --mode random --probability {} ",
                     probability(n - i)
                 );
             }
-            let _ = write!(rule, " -j {sep}");
+            let _ = write!(rule, "-j {sep}");
             rules.push(rule);
         }
     }
 
-    fn endpoint(out: &mut PortRules, svc: &ServicePort, spn: &str, ep: &Endpoint, chain: &str) {
+    fn endpoint(
+        &self,
+        out: &mut PortRules,
+        svc: &ServicePort,
+        spn: &str,
+        ep: &Endpoint,
+        chain: &str,
+    ) {
         if out.chains.contains_key(chain) {
             return;
         }
         let proto = svc.name.protocol;
-        let c = comment(spn);
+        let c = self.endpoint_comment(spn);
         // Remember the client for session affinity (the service chain checks the list).
         let remember = match svc.session_affinity {
-            SessionAffinity::ClientIp { .. } => format!(" -m recent --name {chain} --set"),
+            SessionAffinity::ClientIp { .. } => format!("-m recent --name {chain} --set "),
             SessionAffinity::None => String::new(),
         };
         // An endpoint reaching itself through the service must be masqueraded, or it
         // would answer itself directly.
         let rules = vec![
-            format!("{c} -s {} -j {MARK_MASQ}", host(ep.ip)),
+            format!("{c}-s {} -j {MARK_MASQ}", host(ep.ip)),
             format!(
-                "{c}{remember} -m {proto} -p {proto} -j DNAT --to-destination {}",
+                "{c}{remember}-m {proto} -p {proto} -j DNAT --to-destination {}",
                 names::endpoint_string(ep.ip, ep.port)
             ),
         ];
@@ -588,9 +610,9 @@ impl PortRenderer<'_> {
             }
         }
         if uses_cluster {
-            Self::balance(&mut out, &spn, &svc_chain, &cluster, affinity);
+            self.balance(&mut out, &spn, &svc_chain, &cluster, affinity);
             for (ep, sep) in &cluster {
-                Self::endpoint(&mut out, svc, &spn, ep, sep);
+                self.endpoint(&mut out, svc, &spn, ep, sep);
             }
         }
         if uses_ext {
@@ -632,13 +654,22 @@ impl PortRenderer<'_> {
         }
         if uses_local {
             out.chains.entry(svl_chain.clone()).or_default();
-            Self::balance(&mut out, &spn, &svl_chain, &local, affinity);
+            self.balance(&mut out, &spn, &svl_chain, &local, affinity);
             for (ep, sep) in &local {
-                Self::endpoint(&mut out, svc, &spn, ep, sep);
+                self.endpoint(&mut out, svc, &spn, ep, sep);
             }
         }
         out
     }
+}
+
+/// Whether a family of `previous` was rendered in another large-cluster mode than
+/// `snapshot` needs: every port's rules change then, not only the changed services'.
+pub fn mode_changed(snapshot: &Snapshot, previous: &Rendered) -> bool {
+    previous
+        .families
+        .iter()
+        .any(|(family, layout)| layout.large_cluster != large_cluster(snapshot, *family))
 }
 
 /// Each endpoint with the name of its chain.
@@ -786,6 +817,33 @@ fn push(t: &mut Tables, table: TableName, chain: &str, rule: String) {
         .push(rule);
 }
 
+/// Endpoints above which kube-proxy leaves the comments off the endpoint rules (its
+/// "large cluster mode"): they make up most of the rules, and a comment is a match that
+/// iptables-nft stores as a 256-byte xtables blob in each rule, which the kernel walks on
+/// every commit.
+pub const LARGE_CLUSTER_ENDPOINTS: usize = 1000;
+
+/// Whether `family` is rendered in large-cluster mode: the family's service ports have
+/// more than [`LARGE_CLUSTER_ENDPOINTS`] endpoints in all, counted as kube-proxy counts them
+/// (every endpoint of the family, whatever its conditions).
+pub fn large_cluster(snapshot: &Snapshot, family: IpFamily) -> bool {
+    let mut total = 0;
+    for (name, fam) in snapshot.services.keys() {
+        if *fam != family {
+            continue;
+        }
+        total += snapshot
+            .endpoints_of(name)
+            .iter()
+            .filter(|e| IpFamily::of(&e.ip) == family)
+            .count();
+        if total > LARGE_CLUSTER_ENDPOINTS {
+            return true;
+        }
+    }
+    false
+}
+
 /// The complete layout of a snapshot.
 pub fn render(snapshot: &Snapshot) -> Rendered {
     let mut none = Rendered::default();
@@ -796,7 +854,8 @@ pub fn render(snapshot: &Snapshot) -> Rendered {
 /// ports or endpoints changed), every other port is moved over from `previous` instead of
 /// rendered again, leaving in `previous` only the old rules of the changed ports and the
 /// old fixed chains: what the restore input is computed against. The node's configuration
-/// must be the one `previous` was rendered with.
+/// must be the one `previous` was rendered with, and so must the large-cluster mode
+/// ([`mode_changed`]).
 pub fn rerender(
     snapshot: &Snapshot,
     previous: &mut Rendered,
@@ -805,8 +864,12 @@ pub fn rerender(
     let node = &snapshot.node;
     let mut out = Rendered::default();
     for family in IpFamily::ALL {
-        let r = PortRenderer::new(node, family);
-        let mut layout = FamilyLayout::default();
+        let large = large_cluster(snapshot, family);
+        let r = PortRenderer::new(node, family, large);
+        let mut layout = FamilyLayout {
+            large_cluster: large,
+            ..FamilyLayout::default()
+        };
         let render_port = |layout: &mut FamilyLayout, name: &ServicePortName, svc| {
             layout
                 .ports

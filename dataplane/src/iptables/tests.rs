@@ -559,3 +559,106 @@ fn a_stale_chain_another_tool_jumps_to_is_emptied_not_deleted() {
         .iter()
         .any(|(c, _)| c == "KUBE-SEP-STALESTALESTALE1"));
 }
+
+/// The endpoint rules (service chain to endpoint chain, and the endpoint chains) of `s`.
+fn endpoint_rules(s: &Snapshot) -> Vec<String> {
+    nat(s)
+        .iter()
+        .flat_map(|(c, rules)| rules.iter().map(move |r| (c, r)))
+        .filter(|(c, r)| c.starts_with("KUBE-SEP-") || r.contains("-j KUBE-SEP-"))
+        .map(|(c, r)| format!("-A {c} {r}"))
+        .collect()
+}
+
+#[test]
+fn large_clusters_leave_the_comments_off_the_endpoint_rules_as_kube_proxy_does() {
+    // 100 x 10 endpoints is kube-proxy's threshold itself, not above it.
+    let mut s = crate::synth::cluster(100, 10);
+    assert!(!super::render::large_cluster(&s, IpFamily::V4));
+    let rules = endpoint_rules(&s);
+    assert_eq!(rules.len(), 100 * 10 * 3);
+    assert!(
+        rules.iter().all(|r| r.contains("-m comment --comment")),
+        "{rules:?}"
+    );
+    // One more endpoint crosses it: the endpoint rules lose their comments, the rest keep them.
+    crate::synth::add_service(&mut s, 100, 1);
+    assert!(super::render::large_cluster(&s, IpFamily::V4));
+    let rules = endpoint_rules(&s);
+    assert_eq!(rules.len(), 1001 * 3);
+    let bare: Vec<&String> = rules.iter().filter(|r| !r.contains("-m comment")).collect();
+    assert_eq!(bare.len(), rules.len(), "{:?}", &rules[..3]);
+    let svc7 = nat(&s)
+        .into_iter()
+        .find(|(c, r)| c.starts_with("KUBE-SVC-") && r[0].contains("bench/svc-7:http cluster IP"))
+        .unwrap();
+    assert!(
+        svc7.1[1].starts_with("-m statistic --mode random --probability 0.1000000000 -j KUBE-SEP-"),
+        "{:?}",
+        svc7.1
+    );
+    assert!(
+        nat(&s)[SERVICES]
+            .iter()
+            .all(|r| r.starts_with("-m comment --comment")),
+        "KUBE-SERVICES keeps its comments"
+    );
+    let sep = nat(&s)
+        .into_iter()
+        .find(|(c, _)| c.starts_with("KUBE-SEP-"))
+        .unwrap()
+        .1;
+    assert!(
+        sep[0].starts_with("-s ") && sep[0].ends_with("-j KUBE-MARK-MASQ"),
+        "{sep:?}"
+    );
+    assert!(
+        sep[1].starts_with("-m tcp -p tcp -j DNAT --to-destination "),
+        "{sep:?}"
+    );
+    // Another family's endpoints do not count toward this family's threshold.
+    assert!(!super::render::large_cluster(&s, IpFamily::V6));
+}
+
+#[test]
+fn crossing_the_large_cluster_threshold_rewrites_every_endpoint_rule_in_a_partial_sync() {
+    let mut s = crate::synth::cluster(100, 10);
+    let mut b = IptablesBackend::new(FakeIptables::default());
+    b.sync(&s, Scope::All).unwrap();
+    crate::synth::add_service(&mut s, 100, 1);
+    let changed = BTreeSet::from([("bench".to_string(), "svc-100".to_string())]);
+    let r = b.sync(&s, Scope::Services(&changed)).unwrap();
+    assert!(!r.full, "still a partial sync: nothing is read back");
+    let held = &b.executor().families[&IpFamily::V4];
+    assert_eq!(
+        held.table(TableName::Nat).unwrap().rules.len(),
+        nat(&s).values().map(Vec::len).sum::<usize>() + 3,
+        "the kernel holds the new layout (and the three nat jumps)"
+    );
+    let kernel: BTreeSet<String> = held
+        .table(TableName::Nat)
+        .unwrap()
+        .rules
+        .iter()
+        .map(|(c, r)| format!("-A {c} {r}"))
+        .collect();
+    for rule in endpoint_rules(&s) {
+        assert!(kernel.contains(&rule), "missing {rule}");
+    }
+    // And back under the threshold: the comments come back with the next partial sync.
+    let gone = ServicePortName::new("bench", "svc-100", "http", Protocol::Tcp);
+    s.services.remove(&(gone.clone(), IpFamily::V4));
+    s.endpoints.remove(&gone);
+    b.sync(&s, Scope::Services(&changed)).unwrap();
+    let kernel: BTreeSet<String> = b.executor().families[&IpFamily::V4]
+        .table(TableName::Nat)
+        .unwrap()
+        .rules
+        .iter()
+        .map(|(c, r)| format!("-A {c} {r}"))
+        .collect();
+    for rule in endpoint_rules(&s) {
+        assert!(rule.contains("-m comment"), "{rule}");
+        assert!(kernel.contains(&rule), "missing {rule}");
+    }
+}

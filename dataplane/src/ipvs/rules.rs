@@ -188,7 +188,7 @@ pub fn layout(node: &NodeConfig, family: IpFamily) -> FamilyLayout {
     t.tables.insert(TableName::Filter, filter);
     FamilyLayout {
         fixed: t,
-        ports: Default::default(),
+        ..FamilyLayout::default()
     }
 }
 
