@@ -17,7 +17,7 @@
 use dataplane::backend::{Backend, Scope};
 use dataplane::iptables::exec::{IptablesCommand, IptablesError, IptablesExecutor, Variant};
 use dataplane::iptables::render::TableName;
-use dataplane::iptables::restore::Saved;
+use dataplane::iptables::restore::{Saved, Style};
 use dataplane::iptables::IptablesBackend;
 use dataplane::model::IpFamily;
 use dataplane::synth;
@@ -45,6 +45,9 @@ impl IptablesExecutor for Timed {
     }
     fn enable_route_localnet(&mut self) -> Result<(), IptablesError> {
         self.inner.enable_route_localnet()
+    }
+    fn style(&self) -> Style {
+        self.inner.style()
     }
     fn chain_exists(
         &mut self,

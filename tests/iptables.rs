@@ -252,3 +252,95 @@ fn cleanup_kube_proxy_removes_kube_proxys_leftovers_only() {
         );
     }
 }
+
+/// 110 services x 10 endpoints as a JSON `List`: 1,100 endpoints and 1,210 chains, above
+/// kube-proxy's large-cluster threshold and the whole-table threshold of iptables-nft
+/// restores.
+fn large_cluster() -> String {
+    let mut items = Vec::new();
+    for i in 0..110 {
+        let name = format!("svc-{i}");
+        items.push(format!(
+            r#"{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"{name}","namespace":"big"}},"spec":{{"clusterIP":"172.30.{}.{}","ports":[{{"name":"http","port":80}}]}}}}"#,
+            i / 200,
+            i % 200 + 1
+        ));
+        let eps: Vec<String> = (0..10)
+            .map(|j| format!(r#"{{"addresses":["10.1.{i}.{}"]}}"#, j + 1))
+            .collect();
+        items.push(format!(
+            r#"{{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{{"name":"{name}-1","namespace":"big","labels":{{"kubernetes.io/service-name":"{name}"}}}},"addressType":"IPv4","ports":[{{"name":"http","port":8080}}],"endpoints":[{}]}}"#,
+            eps.join(",")
+        ));
+    }
+    format!(
+        r#"{{"apiVersion":"v1","kind":"List","items":[{}]}}"#,
+        items.join(",")
+    )
+}
+
+/// A large cluster on iptables-nft goes in whole-table style (`-S` first, chains in the
+/// kernel's walk order, jumps in a second restore): from a node without a nat table at all,
+/// then again over the loaded table with a stale chain to delete. Every rule is there, the
+/// jumps once, the endpoint rules without comments (kube-proxy's large-cluster mode), and
+/// iptables-nft-save reads the result.
+#[test]
+fn a_large_cluster_is_written_whole_table_on_iptables_nft() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cluster.yaml"), large_cluster()).unwrap();
+    std::fs::write(
+        dir.path().join("kube-proxy.yaml"),
+        "kind: KubeProxyConfiguration\nmode: iptables\nhostnameOverride: node-a\nclusterCIDR: 10.0.0.0/8\n",
+    )
+    .unwrap();
+    let name = format!("{}ipt-big", netns::unique_prefix());
+    if let Err(e) = netns::create_namespace(&name) {
+        assert!(
+            std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
+            "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
+        );
+        println!("SKIP: needs root and network namespaces: {e}");
+        return;
+    }
+    let ns = Ns(name);
+    let check = |s: &str, when: &str| {
+        let dnat = s
+            .lines()
+            .filter(|l| l.starts_with("-A KUBE-SEP-") && l.contains("-j DNAT"))
+            .count();
+        assert_eq!(dnat, 1100, "{when}");
+        assert!(
+            s.contains("-A KUBE-SEP-")
+                && !s
+                    .lines()
+                    .any(|l| l.starts_with("-A KUBE-SEP-") && l.contains("comment")),
+            "{when}: endpoint rules carry no comment in a large cluster"
+        );
+        assert_eq!(lines_of(s, "KUBE-SERVICES").len(), 111, "{when}");
+        for builtin in ["PREROUTING", "OUTPUT"] {
+            let jumps = lines_of(s, builtin)
+                .iter()
+                .filter(|l| l.ends_with("-j KUBE-SERVICES"))
+                .count();
+            assert_eq!(jumps, 1, "{when}: {builtin}");
+        }
+        assert_eq!(
+            lines_of(s, "POSTROUTING")
+                .iter()
+                .filter(|l| l.ends_with("-j KUBE-POSTROUTING"))
+                .count(),
+            1,
+            "{when}"
+        );
+    };
+    ns.switchyard(dir.path(), "nft", &["sync", "--once"]);
+    check(&ns.must("iptables-nft-save", &["-t", "nat"]), "first sync");
+    ns.must(
+        "iptables-nft",
+        &["-t", "nat", "-N", "KUBE-SEP-LEFTOVERLEFTOVER"],
+    );
+    ns.switchyard(dir.path(), "nft", &["sync", "--once"]);
+    let s = ns.must("iptables-nft-save", &["-t", "nat"]);
+    check(&s, "second sync");
+    assert!(!s.contains("LEFTOVER"), "the stale chain is deleted");
+}

@@ -16,6 +16,24 @@ pub struct Output {
 /// Runs `program args`, feeding `stdin`. An error only when the program cannot be started
 /// or waited for; a non-zero exit is an [`Output`] with `success` false.
 pub fn run(program: &str, args: &[&str], stdin: Option<&str>) -> std::io::Result<Output> {
+    run_with(program, args, stdin, Stdio::piped())
+}
+
+/// [`run`] for a command whose output is of no use: `stdout` comes back empty.
+pub fn run_discarding_stdout(
+    program: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> std::io::Result<Output> {
+    run_with(program, args, stdin, Stdio::null())
+}
+
+fn run_with(
+    program: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+    stdout: Stdio,
+) -> std::io::Result<Output> {
     let mut child = Command::new(program)
         .args(args)
         .stdin(if stdin.is_some() {
@@ -23,7 +41,7 @@ pub fn run(program: &str, args: &[&str], stdin: Option<&str>) -> std::io::Result
         } else {
             Stdio::null()
         })
-        .stdout(Stdio::piped())
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()?;
     // Written from another thread: a command that reports on stdout or stderr while it

@@ -3,8 +3,9 @@
 //! iptables-nft and iptables-legacy back ends as the kube-proxy image's wrapper does.
 
 use super::render::TableName;
-use super::restore::{parse_save, SaveParseError, Saved};
+use super::restore::{parse_save, SaveParseError, Saved, Style};
 use crate::model::IpFamily;
+use std::collections::BTreeSet;
 
 /// What can go wrong talking to iptables.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +71,10 @@ pub trait IptablesExecutor {
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError>;
     /// Let IPv4 packets to 127.0.0.0/8 be routed (NodePorts on localhost).
     fn enable_route_localnet(&mut self) -> Result<(), IptablesError>;
+    /// How restore inputs should be laid out for this executor's iptables-restore.
+    fn style(&self) -> Style {
+        Style::Plain
+    }
     /// Whether `chain` exists in `table`: the canary probe, far cheaper than a save.
     fn chain_exists(
         &mut self,
@@ -233,7 +238,14 @@ impl IptablesExecutor for IptablesCommand {
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError> {
         let prog = program(family, self.variant, "restore");
         let wait = self.lock_wait.to_string();
-        let (ok, _, stderr) = run(&prog, &["--noflush", "-w", &wait], Some(input))?;
+        // Whole-table blocks print the table (`-S`): nothing to keep.
+        let out =
+            crate::process::run_discarding_stdout(&prog, &["--noflush", "-w", &wait], Some(input))
+                .map_err(|source| IptablesError::Spawn {
+                    program: prog.to_string(),
+                    source,
+                })?;
+        let (ok, stderr) = (out.success, out.stderr);
         if ok {
             return Ok(());
         }
@@ -242,6 +254,13 @@ impl IptablesExecutor for IptablesCommand {
             program: prog,
             stderr,
         })
+    }
+
+    fn style(&self) -> Style {
+        match self.variant {
+            Variant::Nft => Style::Nft,
+            Variant::Legacy => Style::Plain,
+        }
     }
 
     fn chain_exists(
@@ -295,6 +314,10 @@ pub struct FakeIptables {
     pub fail_next: Option<String>,
     /// Every save and restore of IPv6 fails, as on a node with IPv6 disabled.
     pub fail_v6: bool,
+    /// The layout asked of the inputs; with [`Style::Nft`], a block that starts with `-S`
+    /// is refused a rule in a chain the table does not hold yet, as iptables-nft-restore
+    /// 1.8.9 refuses one in a built-in chain the kernel does not have.
+    pub style: Style,
 }
 
 impl FakeIptables {
@@ -302,15 +325,33 @@ impl FakeIptables {
     fn apply(saved: &mut Saved, input: &str) -> Result<(), String> {
         let mut work = saved.clone();
         let mut table: Option<String> = None;
+        // Chains the kernel had when the current block began, in a block that began `-S`.
+        let mut whole_table: Option<BTreeSet<String>> = None;
         for line in input.lines() {
             if let Some(t) = line.strip_prefix('*') {
                 work.tables.entry(t.to_string()).or_default();
                 table = Some(t.to_string());
+                whole_table = None;
                 continue;
             }
             if line == "COMMIT" {
                 table = None;
                 continue;
+            }
+            if line == "-S" {
+                let held = table.as_ref().and_then(|t| work.tables.get(t));
+                whole_table = Some(held.map(|t| t.chains.clone()).unwrap_or_default());
+                continue;
+            }
+            if let (Some(had), Some(rest)) = (
+                &whole_table,
+                line.strip_prefix("-A ").or(line.strip_prefix("-I ")),
+            ) {
+                let chain = rest.split(' ').next().unwrap_or_default();
+                let builtin = chain.chars().all(|c| c.is_ascii_uppercase());
+                if builtin && !had.contains(chain) {
+                    return Err(format!("RULE_APPEND failed: no built-in chain {chain}"));
+                }
             }
             let t = table
                 .as_ref()
@@ -391,6 +432,10 @@ impl IptablesExecutor for FakeIptables {
     fn enable_route_localnet(&mut self) -> Result<(), IptablesError> {
         self.route_localnet = true;
         Ok(())
+    }
+
+    fn style(&self) -> Style {
+        self.style
     }
 
     fn chain_exists(

@@ -93,13 +93,14 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         applied_before: Option<&FamilyLayout>,
         family: IpFamily,
     ) -> Result<(RestoreStats, bool), IptablesError> {
-        let (input, stats, drift) = match previous {
+        let style = self.exec.style();
+        let (inputs, stats, drift) = match previous {
             Some((layout, changed)) => {
                 // Emptied chains stay until the next full sync deletes them with the other
                 // stale chains it finds.
-                let (input, stats) =
-                    restore::sync_input(desired, Base::Previous { layout, changed }, jumps);
-                (input, stats, false)
+                let (inputs, stats) =
+                    restore::sync_inputs(desired, Base::Previous { layout, changed }, jumps, style);
+                (inputs, stats, false)
             }
             None => {
                 let saved = self.exec.save(family)?;
@@ -113,12 +114,13 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
                                 .is_some_and(|h| h.jumps_to(j.builtin, j.target))
                         })
                 });
-                let (input, stats) = restore::sync_input(desired, Base::Kernel(&saved), jumps);
-                (input, stats, drift)
+                let (inputs, stats) =
+                    restore::sync_inputs(desired, Base::Kernel(&saved), jumps, style);
+                (inputs, stats, drift)
             }
         };
-        if !input.is_empty() {
-            self.exec.restore(family, &input)?;
+        for input in &inputs {
+            self.exec.restore(family, input)?;
         }
         Ok((stats, drift))
     }

@@ -662,3 +662,118 @@ fn crossing_the_large_cluster_threshold_rewrites_every_endpoint_rule_in_a_partia
         assert!(kernel.contains(&rule), "missing {rule}");
     }
 }
+
+#[test]
+fn large_blocks_for_iptables_nft_read_the_whole_table_and_follow_the_kernels_walk() {
+    use super::restore::{Style, WHOLE_TABLE_CHAINS};
+    let s = crate::synth::cluster(100, 10);
+    // A kernel without a nat table: the jumps could not go in the whole-table block.
+    let mut empty = IptablesBackend::new(FakeIptables {
+        style: Style::Nft,
+        ..FakeIptables::default()
+    });
+    empty.sync(&s, Scope::All).unwrap();
+    let mut b = IptablesBackend::new(FakeIptables {
+        style: Style::Nft,
+        ..foreign()
+    });
+    b.sync(&s, Scope::All).unwrap();
+    let inputs: Vec<&String> = b
+        .executor()
+        .inputs
+        .iter()
+        .filter(|(f, _)| *f == IpFamily::V4)
+        .map(|(_, i)| i)
+        .collect();
+    // The chains, then the jumps on their own (the fake, like iptables-nft, refuses a rule
+    // in a built-in chain the table lacks once a block has started with -S).
+    assert_eq!(
+        inputs.len(),
+        2,
+        "{:?}",
+        inputs.iter().map(|i| &i[..60]).collect::<Vec<_>>()
+    );
+    let nat_block = inputs[0]
+        .split("*nat\n")
+        .nth(1)
+        .and_then(|b| b.split("COMMIT\n").next())
+        .unwrap();
+    assert!(nat_block.starts_with("-S\n"), "{}", &nat_block[..80]);
+    assert!(
+        !nat_block.contains("-I "),
+        "no jump in the whole-table block"
+    );
+    assert!(inputs[1]
+        .lines()
+        .all(|l| l.starts_with('*') || l.starts_with("-I ") || l == "COMMIT"));
+    let declared: Vec<&str> = nat_block
+        .lines()
+        .filter_map(|l| l.strip_prefix(':'))
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    assert!(declared.len() >= WHOLE_TABLE_CHAINS, "{}", declared.len());
+    // Every declaration comes before every rule.
+    let first_rule = nat_block
+        .lines()
+        .position(|l| l.starts_with("-A "))
+        .unwrap();
+    assert_eq!(first_rule, declared.len() + 1);
+    // The stale chain to delete is declared (emptied) first; then the written chains in
+    // the walk from KUBE-SERVICES: each service chain, then its endpoints.
+    assert_eq!(declared[0], "KUBE-SEP-STALESTALESTALE1");
+    let declared = &declared[1..];
+    let k = declared.iter().position(|c| *c == SERVICES).unwrap();
+    let svc = declared[k + 1];
+    assert!(svc.starts_with("KUBE-SVC-"), "{svc}");
+    let held = &b.executor().families[&IpFamily::V4];
+    let svc_targets: Vec<&str> = held.tables["nat"]
+        .rules
+        .iter()
+        .filter(|(c, _)| c == svc)
+        .filter_map(|(_, r)| super::restore::rule_target(r))
+        .filter(|t| t.starts_with("KUBE-SEP-"))
+        .collect();
+    assert_eq!(svc_targets.len(), 10);
+    let after: Vec<&str> = declared[k + 2..]
+        .iter()
+        .copied()
+        .filter(|c| *c != MARK_MASQ)
+        .take(10)
+        .collect();
+    assert_eq!(after, svc_targets);
+    // Not in name order, as a quicksort taking the first element as pivot needs.
+    let mut sorted = declared.to_vec();
+    sorted.sort();
+    assert_ne!(sorted, declared);
+    // The foreign rules are kept, our jumps are there once, and the layout is complete.
+    assert_eq!(jump_count(b.executor(), "nat", "PREROUTING", SERVICES), 1);
+    assert!(held.tables["filter"].chains.contains("DOCKER"));
+    assert!(!held.tables["nat"]
+        .chains
+        .contains("KUBE-SEP-STALESTALESTALE1"));
+    let want = nat(&s);
+    for (chain, rules) in &want {
+        let got: Vec<&String> = held.tables["nat"]
+            .rules
+            .iter()
+            .filter(|(c, _)| c == chain)
+            .map(|(_, r)| r)
+            .collect();
+        assert_eq!(got.len(), rules.len(), "{chain}");
+    }
+    // The next full sync finds the jumps and needs one input; a partial one stays plain.
+    b.sync(&s, Scope::Full).unwrap();
+    let (_, last) = b
+        .executor()
+        .inputs
+        .iter()
+        .rfind(|(f, _)| *f == IpFamily::V4)
+        .unwrap();
+    assert!(last.contains("*nat\n-S\n") && !last.contains("-I "));
+    let mut s2 = s.clone();
+    crate::synth::replace_endpoint(&mut s2, 7, 3, 1);
+    let changed = BTreeSet::from([("bench".to_string(), "svc-7".to_string())]);
+    b.sync(&s2, Scope::Services(&changed)).unwrap();
+    let (_, last) = b.executor().inputs.last().unwrap();
+    assert!(!last.lines().any(|l| l == "-S"), "{last}");
+}
