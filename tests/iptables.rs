@@ -283,7 +283,7 @@ fn large_cluster() -> String {
 /// kernel's walk order, jumps in a second restore): from a node without a nat table at all,
 /// then again over the loaded table with a stale chain to delete. Every rule is there, the
 /// jumps once, the endpoint rules without comments (kube-proxy's large-cluster mode), and
-/// iptables-nft-save reads the result.
+/// iptables-nft-save reads the result; a later full sync writes only what drifted.
 #[test]
 fn a_large_cluster_is_written_whole_table_on_iptables_nft() {
     let dir = tempfile::tempdir().unwrap();
@@ -343,4 +343,21 @@ fn a_large_cluster_is_written_whole_table_on_iptables_nft() {
     let s = ns.must("iptables-nft-save", &["-t", "nat"]);
     check(&s, "second sync");
     assert!(!s.contains("LEFTOVER"), "the stale chain is deleted");
+    // A full sync of an intact kernel compares what iptables-save prints with the layout
+    // and writes nothing; a chain someone emptied is written again, alone.
+    let out = ns.switchyard(dir.path(), "nft", &["sync", "--once"]);
+    assert!(out.contains("no changes"), "{out}");
+    let sep = s
+        .lines()
+        .find_map(|l| l.strip_prefix("-A KUBE-SEP-"))
+        .and_then(|l| l.split(' ').next())
+        .map(|h| format!("KUBE-SEP-{h}"))
+        .unwrap();
+    ns.must("iptables-nft", &["-t", "nat", "-F", &sep]);
+    let out = ns.switchyard(dir.path(), "nft", &["sync", "--once"]);
+    assert!(out.contains("1 chains written (2 rules)"), "{out}");
+    check(
+        &ns.must("iptables-nft-save", &["-t", "nat"]),
+        "after repair",
+    );
 }

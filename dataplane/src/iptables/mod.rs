@@ -36,6 +36,10 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         &self.exec
     }
 
+    pub fn executor_mut(&mut self) -> &mut E {
+        &mut self.exec
+    }
+
     /// Rules we own per table, over both families, as the last syncs left them.
     pub fn rule_counts(&self) -> BTreeMap<render::TableName, usize> {
         let mut out = BTreeMap::new();

@@ -20,6 +20,15 @@ pub struct SavedTable {
 }
 
 impl SavedTable {
+    /// Each chain's rules, in order.
+    pub fn rules_by_chain(&self) -> BTreeMap<&str, Vec<&str>> {
+        let mut out: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (c, r) in &self.rules {
+            out.entry(c.as_str()).or_default().push(r.as_str());
+        }
+        out
+    }
+
     /// Whether a rule in `chain` jumps to `target`.
     pub fn jumps_to(&self, chain: &str, target: &str) -> bool {
         self.rules
@@ -50,6 +59,79 @@ pub fn rule_target(rule: &str) -> Option<&str> {
         }
     }
     target
+}
+
+/// Whether rule `a` and rule `b` (each the text after `-A <chain> `) say the same, one as
+/// iptables-save prints it and one as we write it: iptables-save reorders the options
+/// (addresses and protocol first), drops quotes from one-word comments, prints a
+/// probability as the kernel's fixed-point value (0.1000000000 comes back as
+/// 0.10000000009), MARK's `--or-mark m` as `--set-xmark m/m` and REJECT's default
+/// `--reject-with`. Each option with its
+/// values (and a `!` before it) is one group, compared as a set, which is exact for the
+/// rules we write: none names the same option twice.
+pub fn same_rule(a: &str, b: &str) -> bool {
+    canonical(a) == canonical(b)
+}
+
+fn canonical(rule: &str) -> Vec<String> {
+    // Words, a quoted string being one word (a quoted word is always a value).
+    let mut words: Vec<(String, bool)> = Vec::new();
+    let mut quoted: Option<String> = None;
+    for w in rule.split_whitespace() {
+        match quoted.as_mut() {
+            Some(q) => {
+                q.push(' ');
+                q.push_str(w);
+            }
+            None if w.starts_with('"') => quoted = Some(w.to_string()),
+            None => words.push((w.to_string(), false)),
+        }
+        if let Some(q) = quoted.as_ref() {
+            if q.len() > 1 && q.ends_with('"') {
+                words.push((q.trim_matches('"').to_string(), true));
+                quoted = None;
+            }
+        }
+    }
+    if let Some(q) = quoted {
+        words.push((q.trim_matches('"').to_string(), true));
+    }
+    let mut groups: Vec<String> = Vec::new();
+    let mut negate = false;
+    for (w, is_quoted) in words {
+        if !is_quoted && w == "!" {
+            negate = true;
+        } else if !is_quoted && w.starts_with('-') && w.len() > 1 {
+            groups.push(if negate { format!("! {w}") } else { w });
+            negate = false;
+        } else if let Some(g) = groups.last_mut() {
+            let value = if g.ends_with("--probability") {
+                w.parse::<f64>().map_or(w.clone(), |p| {
+                    format!("{}", (p * f64::from(0x8000_0000u32)).round())
+                })
+            } else {
+                w
+            };
+            g.push(' ');
+            g.push_str(&value);
+        } else {
+            groups.push(w);
+        }
+    }
+    for g in &mut groups {
+        let mark = |g: &str, op: &str| g.strip_prefix(op).map(str::to_string);
+        if let Some(m) = mark(g, "--or-mark ") {
+            *g = format!("--set-xmark {m}/{m}");
+        } else if let Some(m) = mark(g, "--xor-mark ") {
+            *g = format!("--set-xmark {m}/0x0");
+        }
+    }
+    // REJECT's default, which iptables-save prints and we leave out.
+    groups.retain(|g| {
+        g != "--reject-with icmp-port-unreachable" && g != "--reject-with icmp6-port-unreachable"
+    });
+    groups.sort();
+    groups
 }
 
 /// Output of iptables-save that does not parse.
@@ -358,9 +440,25 @@ pub fn sync_inputs(
     match base {
         Base::Kernel(saved) => {
             let mut wanted: BTreeMap<TableName, BTreeSet<&str>> = BTreeMap::new();
+            let held_rules: BTreeMap<TableName, BTreeMap<&str, Vec<&str>>> = TableName::ALL
+                .into_iter()
+                .filter_map(|t| saved.table(t).map(|h| (t, h.rules_by_chain())))
+                .collect();
             for (table, chain, rules) in desired.chains() {
-                plans.entry(table).or_default().write.push((chain, rules));
                 wanted.entry(table).or_default().insert(chain);
+                // A chain the kernel already holds as we want it is left alone: a periodic
+                // full sync of an intact kernel writes nothing but what drifted.
+                let held = saved.table(table).filter(|h| h.chains.contains(chain));
+                let same = held.is_some() && {
+                    let had = held_rules
+                        .get(&table)
+                        .and_then(|by| by.get(chain))
+                        .map_or(&[][..], Vec::as_slice);
+                    had.len() == rules.len() && had.iter().zip(rules).all(|(a, b)| same_rule(a, b))
+                };
+                if !same {
+                    plans.entry(table).or_default().write.push((chain, rules));
+                }
             }
             for table in TableName::ALL {
                 let held = saved.table(table);
