@@ -269,6 +269,11 @@ pub struct FamilyLayout {
     pub ports: BTreeMap<ServicePortName, PortRules>,
     /// Rendered in kube-proxy's large-cluster mode (see [`large_cluster`]).
     pub large_cluster: bool,
+    /// What assembling the fixed chains left out, kept for the syncs that reuse them.
+    pub report: LayoutReport,
+    /// The fixed chains were moved over unchanged from the layout this one was rendered
+    /// from (no changed port's front ends moved), which keeps none of them to compare.
+    pub fixed_kept: bool,
 }
 
 impl FamilyLayout {
@@ -663,6 +668,20 @@ impl PortRenderer<'_> {
     }
 }
 
+/// The ports in `ports` of the services in `services` (as (namespace, name)), looked up.
+pub(crate) fn ports_of<'a>(
+    ports: &'a BTreeMap<ServicePortName, PortRules>,
+    services: &'a BTreeSet<(String, String)>,
+) -> impl Iterator<Item = &'a ServicePortName> + 'a {
+    services.iter().flat_map(move |(ns, name)| {
+        let start = ServicePortName::new(ns, name, "", Protocol::Tcp);
+        ports
+            .range(start..)
+            .take_while(move |(n, _)| n.namespace == *ns && n.name == *name)
+            .map(|(n, _)| n)
+    })
+}
+
 /// Whether a family of `previous` was rendered in another large-cluster mode than
 /// `snapshot` needs: every port's rules change then, not only the changed services'.
 pub fn mode_changed(snapshot: &Snapshot, previous: &Rendered) -> bool {
@@ -775,12 +794,9 @@ fn nodeport_tail(node: &NodeConfig, family: IpFamily) -> Vec<String> {
 
 /// The fixed chains with every port's front ends, in port order; a front end already
 /// claimed is left out and reported.
-fn assemble(
-    node: &NodeConfig,
-    family: IpFamily,
-    layout: &mut FamilyLayout,
-    report: &mut LayoutReport,
-) {
+fn assemble(node: &NodeConfig, family: IpFamily, layout: &mut FamilyLayout) {
+    let report = &mut layout.report;
+    *report = LayoutReport::default();
     let mut fixed = fixed_chains(node, family);
     let mut claimed: BTreeSet<&str> = BTreeSet::new();
     for port in layout.ports.values() {
@@ -875,6 +891,7 @@ pub fn rerender(
                 .ports
                 .insert(name.clone(), r.port(svc, snapshot.endpoints_of(name)));
         };
+        let mut reuse_fixed = false;
         match changed {
             None => {
                 for ((name, fam), svc) in &snapshot.services {
@@ -885,12 +902,22 @@ pub fn rerender(
             }
             Some(changed) => {
                 let old = previous.families.entry(family).or_default();
-                let touched =
-                    |n: &ServicePortName| changed.contains(&(n.namespace.clone(), n.name.clone()));
-                let (kept, rest): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut old.ports)
-                    .into_iter()
-                    .partition(|(n, _)| !touched(n));
-                old.ports = rest;
+                // Only the changed services' ports are looked up and moved back: the rest
+                // of the map moves over whole.
+                let mut kept = std::mem::take(&mut old.ports);
+                for (ns, name) in changed {
+                    let start = ServicePortName::new(ns, name, "", Protocol::Tcp);
+                    let theirs: Vec<ServicePortName> = kept
+                        .range(start..)
+                        .take_while(|(n, _)| n.namespace == *ns && n.name == *name)
+                        .map(|(n, _)| n.clone())
+                        .collect();
+                    for n in theirs {
+                        if let Some(p) = kept.remove(&n) {
+                            old.ports.insert(n, p);
+                        }
+                    }
+                }
                 layout.ports = kept;
                 for (ns, name) in changed {
                     let start = (
@@ -906,9 +933,38 @@ pub fn rerender(
                         }
                     }
                 }
+                // An endpoint change leaves the service's front ends as they were: the
+                // fixed chains are then the previous ones, moved over instead of assembled
+                // again from every port (which would make each sync cost O(services)).
+                let same_front = |n: &ServicePortName| match (layout.ports.get(n), old.ports.get(n))
+                {
+                    (Some(a), Some(b)) => {
+                        a.frontends == b.frontends
+                            && a.extra == b.extra
+                            && a.no_local_internal == b.no_local_internal
+                            && a.no_local_external == b.no_local_external
+                    }
+                    _ => false,
+                };
+                let unchanged = old.large_cluster == large
+                    && old.ports.keys().all(same_front)
+                    && ports_of(&layout.ports, changed).all(same_front);
+                if unchanged {
+                    layout.fixed = std::mem::take(&mut old.fixed);
+                    layout.report = std::mem::take(&mut old.report);
+                    layout.fixed_kept = true;
+                    reuse_fixed = true;
+                }
             }
         }
-        assemble(node, family, &mut layout, &mut out.report);
+        if !reuse_fixed {
+            assemble(node, family, &mut layout);
+        }
+        out.report
+            .conflicts
+            .extend(layout.report.conflicts.iter().cloned());
+        out.report.no_local_endpoints.internal += layout.report.no_local_endpoints.internal;
+        out.report.no_local_endpoints.external += layout.report.no_local_endpoints.external;
         out.families.insert(family, layout);
         out.jumps.insert(family, jumps(node, family));
     }

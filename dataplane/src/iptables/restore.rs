@@ -6,7 +6,7 @@
 //! the chains written, the chains deleted (`-X`, emptied first) and the jumps inserted.
 
 use super::names;
-use super::render::{Chains, FamilyLayout, Jump, PortRules, TableName};
+use super::render::{ports_of, Chains, FamilyLayout, Jump, PortRules, TableName};
 use crate::model::ServicePortName;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -496,7 +496,9 @@ pub fn sync_inputs(
             changed,
         } => {
             let none = Chains::new();
-            for (table, chains) in &desired.fixed.tables {
+            // Fixed chains moved over unchanged have nothing to compare.
+            let fixed = desired.fixed.tables.iter().filter(|_| !desired.fixed_kept);
+            for (table, chains) in fixed {
                 let had = prev.fixed.chains(*table).unwrap_or(&none);
                 let plan = plans.entry(*table).or_default();
                 for (c, r) in chains {
@@ -505,15 +507,13 @@ pub fn sync_inputs(
                     }
                 }
             }
-            let touched = |name: &ServicePortName| {
-                changed.is_none_or(|set| set.contains(&(name.namespace.clone(), name.name.clone())))
+            // The changed services' ports are looked up, not searched for among all.
+            let names: BTreeSet<&ServicePortName> = match changed {
+                None => desired.ports.keys().chain(prev.ports.keys()).collect(),
+                Some(set) => ports_of(&desired.ports, set)
+                    .chain(ports_of(&prev.ports, set))
+                    .collect(),
             };
-            let names: BTreeSet<&ServicePortName> = desired
-                .ports
-                .keys()
-                .chain(prev.ports.keys())
-                .filter(|n| touched(n))
-                .collect();
             let nat = plans.entry(TableName::Nat).or_default();
             for name in names {
                 let new = desired.ports.get(name).unwrap_or(&empty);

@@ -860,3 +860,56 @@ fn rules_read_back_from_iptables_save_compare_equal_to_what_we_wrote() {
         assert!(!same_rule(a, b), "{a}\n{b}");
     }
 }
+
+#[test]
+fn an_endpoint_change_reuses_the_fixed_chains_and_a_front_end_change_assembles_them() {
+    let mut s = crate::synth::cluster(40, 3);
+    let changed = BTreeSet::from([("bench".to_string(), "svc-7".to_string())]);
+    let mut previous = render(&s);
+    crate::synth::replace_endpoint(&mut s, 7, 1, 1);
+    let again = super::render::rerender(&s, &mut previous, Some(&changed));
+    let v4 = &again.families[&IpFamily::V4];
+    assert!(
+        v4.fixed_kept,
+        "an endpoint change moves the fixed chains over"
+    );
+    assert_eq!(v4.tables(), render(&s).families[&IpFamily::V4].tables());
+    // A new cluster IP changes KUBE-SERVICES: assembled again, and equal to a fresh render.
+    let mut previous = again;
+    let key = s
+        .services
+        .keys()
+        .find(|(n, _)| n.name == "svc-7")
+        .cloned()
+        .unwrap();
+    s.services.get_mut(&key).unwrap().cluster_ip = ip("172.31.0.7");
+    let third = super::render::rerender(&s, &mut previous, Some(&changed));
+    let v4 = &third.families[&IpFamily::V4];
+    assert!(!v4.fixed_kept);
+    assert_eq!(v4.tables(), render(&s).families[&IpFamily::V4].tables());
+    assert!(v4.fixed.tables[&TableName::Nat][SERVICES]
+        .iter()
+        .any(|r| r.contains("-d 172.31.0.7/32")));
+    // And the backend writes KUBE-SERVICES for it, but not for an endpoint change.
+    let mut b = IptablesBackend::new(FakeIptables::default());
+    let mut s = crate::synth::cluster(40, 3);
+    b.sync(&s, Scope::All).unwrap();
+    crate::synth::replace_endpoint(&mut s, 7, 1, 2);
+    b.sync(&s, Scope::Services(&changed)).unwrap();
+    assert!(!b
+        .executor()
+        .inputs
+        .last()
+        .unwrap()
+        .1
+        .contains(":KUBE-SERVICES"));
+    s.services.get_mut(&key).unwrap().cluster_ip = ip("172.31.0.7");
+    b.sync(&s, Scope::Services(&changed)).unwrap();
+    let (_, last) = b.executor().inputs.last().unwrap();
+    assert!(last.contains(":KUBE-SERVICES"), "{last}");
+    let held = &b.executor().families[&IpFamily::V4].tables["nat"];
+    assert!(held
+        .rules
+        .iter()
+        .any(|(c, r)| c == SERVICES && r.contains("-d 172.31.0.7/32")));
+}
