@@ -283,7 +283,8 @@ fn large_cluster() -> String {
 /// kernel's walk order, jumps in a second restore): from a node without a nat table at all,
 /// then again over the loaded table with a stale chain to delete. Every rule is there, the
 /// jumps once, the endpoint rules without comments (kube-proxy's large-cluster mode), and
-/// iptables-nft-save reads the result; a later full sync writes only what drifted.
+/// iptables-nft-save reads the result; a later full sync writes only what drifted; cleanup
+/// removes it all.
 #[test]
 fn a_large_cluster_is_written_whole_table_on_iptables_nft() {
     let dir = tempfile::tempdir().unwrap();
@@ -359,5 +360,17 @@ fn a_large_cluster_is_written_whole_table_on_iptables_nft() {
     check(
         &ns.must("iptables-nft-save", &["-t", "nat"]),
         "after repair",
+    );
+    // Cleanup names every chain too, and goes whole-table as well.
+    ns.switchyard(dir.path(), "nft", &["cleanup", "--proxy-mode", "iptables"]);
+    let s = ns.must("iptables-nft-save", &[]);
+    let ours: Vec<&str> = s
+        .lines()
+        .filter(|l| l.contains("KUBE-") && !l.contains("KUBE-FIREWALL"))
+        .collect();
+    assert!(
+        ours.is_empty(),
+        "cleanup left ours: {:?}",
+        &ours[..ours.len().min(5)]
     );
 }

@@ -230,7 +230,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         let mut removed = 0;
         for family in IpFamily::ALL {
             let saved = self.exec.save(family)?;
-            let (input, stats) = restore::cleanup_input_of(&saved, owned);
+            let (input, stats) = restore::cleanup_input_of(&saved, owned, self.exec.style());
             if !input.is_empty() {
                 self.exec.restore(family, &input)?;
             }

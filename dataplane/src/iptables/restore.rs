@@ -568,11 +568,16 @@ fn stale(chain: &str) -> bool {
 /// to is emptied but kept, since deleting it would mean editing that tool's rules. Empty
 /// when there is nothing of ours.
 pub fn cleanup_input(saved: &Saved) -> (String, RestoreStats) {
-    cleanup_input_of(saved, &names::owned)
+    cleanup_input_of(saved, &names::owned, Style::Plain)
 }
 
-/// [`cleanup_input`] for the chains `owned` names.
-pub fn cleanup_input_of(saved: &Saved, owned: &dyn Fn(&str) -> bool) -> (String, RestoreStats) {
+/// [`cleanup_input`] for the chains `owned` names, laid out in `style` (removing a large
+/// cluster's chains names as many as writing them).
+pub fn cleanup_input_of(
+    saved: &Saved,
+    owned: &dyn Fn(&str) -> bool,
+    style: Style,
+) -> (String, RestoreStats) {
     const BUILTIN: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
     let mut out = String::new();
     let mut stats = RestoreStats::default();
@@ -613,13 +618,8 @@ pub fn cleanup_input_of(saved: &Saved, owned: &dyn Fn(&str) -> bool) -> (String,
             remove,
             ..TablePlan::default()
         };
-        plan.emit(
-            table,
-            Style::Plain,
-            &mut out,
-            &mut String::new(),
-            &mut stats,
-        );
+        // Nothing is inserted, so nothing goes to a second input.
+        plan.emit(table, style, &mut out, &mut String::new(), &mut stats);
     }
     (out, stats)
 }
