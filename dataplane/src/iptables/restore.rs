@@ -127,8 +127,17 @@ fn canonical(rule: &str) -> Vec<String> {
         }
     }
     // REJECT's default, which iptables-save prints and we leave out.
+    // Defaults iptables-save prints and we leave out: REJECT's, and `-m recent`'s
+    // all-ones mask and source address.
     groups.retain(|g| {
-        g != "--reject-with icmp-port-unreachable" && g != "--reject-with icmp6-port-unreachable"
+        ![
+            "--reject-with icmp-port-unreachable",
+            "--reject-with icmp6-port-unreachable",
+            "--mask 255.255.255.255",
+            "--mask ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "--rsource",
+        ]
+        .contains(&g.as_str())
     });
     groups.sort();
     groups

@@ -831,7 +831,11 @@ fn rules_read_back_from_iptables_save_compare_equal_to_what_we_wrote() {
             "-m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
         ),
     ];
-    for (saved, ours) in same {
+    let recent = [(
+        "-m comment --comment \"ns/a:p -> 10.0.0.1:80\" -m recent --rcheck --seconds 10800 --reap --name KUBE-SEP-A --mask 255.255.255.255 --rsource -j KUBE-SEP-A",
+        "-m comment --comment \"ns/a:p -> 10.0.0.1:80\" -m recent --name KUBE-SEP-A --rcheck --seconds 10800 --reap -j KUBE-SEP-A",
+    )];
+    for (saved, ours) in same.into_iter().chain(recent) {
         assert!(same_rule(saved, ours), "{saved}\n{ours}");
     }
     // What differs in meaning never compares equal.
