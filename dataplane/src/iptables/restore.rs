@@ -340,11 +340,7 @@ pub enum Style {
 /// that takes the first chain as its pivot) from degenerating: on chains created in
 /// descending order it recursed once per chain and overflowed its stack at 10k services.
 fn walk_order(write: &[(&str, &[String])]) -> Vec<usize> {
-    let index: BTreeMap<&str, usize> = write
-        .iter()
-        .enumerate()
-        .map(|(i, (c, _))| (*c, i))
-        .collect();
+    let index = chain_index(write);
     let targets = |i: usize| {
         write[i]
             .1
@@ -377,6 +373,15 @@ fn walk_order(write: &[(&str, &[String])]) -> Vec<usize> {
     order
 }
 
+/// Each written chain's position in `write`, by name.
+fn chain_index<'a>(write: &[(&'a str, &[String])]) -> BTreeMap<&'a str, usize> {
+    write
+        .iter()
+        .enumerate()
+        .map(|(i, (c, _))| (*c, i))
+        .collect()
+}
+
 /// The order to write chains in: every chain after the chains it jumps to (a jump needs
 /// its target to exist), and otherwise by name, descending, each chain's rules right after
 /// its declaration. iptables-nft 1.8.9 keeps a table's chains in a list sorted by name and
@@ -384,11 +389,7 @@ fn walk_order(write: &[(&str, &[String])]) -> Vec<usize> {
 /// in ascending order costs O(chains^2) string compares (a 1000 x 10 cluster took 3.5 s);
 /// descending, a new chain goes in at the head and its appends find it there at once.
 fn write_order(write: &[(&str, &[String])]) -> Vec<usize> {
-    let index: BTreeMap<&str, usize> = write
-        .iter()
-        .enumerate()
-        .map(|(i, (c, _))| (*c, i))
-        .collect();
+    let index = chain_index(write);
     let mut depth: Vec<Option<usize>> = vec![None; write.len()];
     fn depth_of(
         i: usize,

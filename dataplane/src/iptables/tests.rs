@@ -562,6 +562,15 @@ fn a_stale_chain_another_tool_jumps_to_is_emptied_not_deleted() {
         .any(|(c, _)| c == "KUBE-SEP-STALESTALESTALE1"));
 }
 
+/// The fake kernel's IPv4 nat rules, as `-A <chain> <rule>`.
+fn kernel_nat_rules(fake: &FakeIptables) -> BTreeSet<String> {
+    fake.families[&IpFamily::V4].tables["nat"]
+        .rules
+        .iter()
+        .map(|(c, r)| format!("-A {c} {r}"))
+        .collect()
+}
+
 /// The endpoint rules (service chain to endpoint chain, and the endpoint chains) of `s`.
 fn endpoint_rules(s: &Snapshot) -> Vec<String> {
     nat(s)
@@ -637,13 +646,7 @@ fn crossing_the_large_cluster_threshold_rewrites_every_endpoint_rule_in_a_partia
         nat(&s).values().map(Vec::len).sum::<usize>() + 3,
         "the kernel holds the new layout (and the three nat jumps)"
     );
-    let kernel: BTreeSet<String> = held
-        .table(TableName::Nat)
-        .unwrap()
-        .rules
-        .iter()
-        .map(|(c, r)| format!("-A {c} {r}"))
-        .collect();
+    let kernel = kernel_nat_rules(b.executor());
     for rule in endpoint_rules(&s) {
         assert!(kernel.contains(&rule), "missing {rule}");
     }
@@ -652,13 +655,7 @@ fn crossing_the_large_cluster_threshold_rewrites_every_endpoint_rule_in_a_partia
     s.services.remove(&(gone.clone(), IpFamily::V4));
     s.endpoints.remove(&gone);
     b.sync(&s, Scope::Services(&changed)).unwrap();
-    let kernel: BTreeSet<String> = b.executor().families[&IpFamily::V4]
-        .table(TableName::Nat)
-        .unwrap()
-        .rules
-        .iter()
-        .map(|(c, r)| format!("-A {c} {r}"))
-        .collect();
+    let kernel = kernel_nat_rules(b.executor());
     for rule in endpoint_rules(&s) {
         assert!(rule.contains("-m comment"), "{rule}");
         assert!(kernel.contains(&rule), "missing {rule}");
