@@ -27,15 +27,19 @@ use std::time::{Duration, Instant};
 mod common;
 use common::{ms, pct};
 
-/// Times each iptables-restore.
+/// Times each iptables-restore and iptables-save.
 struct Timed {
     inner: IptablesCommand,
     restores: Vec<Duration>,
+    saves: Vec<Duration>,
 }
 
 impl IptablesExecutor for Timed {
     fn save(&mut self, family: IpFamily) -> Result<Saved, IptablesError> {
-        self.inner.save(family)
+        let t = Instant::now();
+        let r = self.inner.save(family);
+        self.saves.push(t.elapsed());
+        r
     }
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError> {
         let t = Instant::now();
@@ -88,10 +92,13 @@ fn in_process(services: usize, changes: usize, variant: Variant) {
     let mut be = IptablesBackend::new(Timed {
         inner: IptablesCommand::new(variant),
         restores: Vec::new(),
+        saves: Vec::new(),
     });
     let t = Instant::now();
     be.sync(&snap, Scope::All).expect("cold sync");
     let cold = t.elapsed();
+    let cold_restores: Duration = be.executor().restores.iter().sum();
+    let cold_saves: Duration = be.executor().saves.iter().sum();
     // SY_BENCH_FULL_RESYNC=0 skips it: on iptables-nft it costs about as much as the cold sync.
     let full = (std::env::var("SY_BENCH_FULL_RESYNC").as_deref() != Ok("0")).then(|| {
         let t = Instant::now();
@@ -108,9 +115,11 @@ fn in_process(services: usize, changes: usize, variant: Variant) {
     });
     let mut restores: Vec<Duration> = be.executor().restores[before..].to_vec();
     println!(
-        "(b) iptables-{} {services} x 10: cold sync {}; full resync {}; one-endpoint change over {changes}: iptables-restore p50 {} p99 {}; whole sync p50 {} p99 {}",
+        "(b) iptables-{} {services} x 10: cold sync {} (iptables-restore {}, iptables-save {}); full resync {}; one-endpoint change over {changes}: iptables-restore p50 {} p99 {}; whole sync p50 {} p99 {}",
         variant.as_str(),
         ms(cold),
+        ms(cold_restores),
+        ms(cold_saves),
         full.map_or("skipped".into(), ms),
         ms(pct(&mut restores, 0.5)),
         ms(pct(&mut restores, 0.99)),

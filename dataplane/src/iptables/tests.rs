@@ -711,19 +711,33 @@ fn large_blocks_for_iptables_nft_read_the_whole_table_and_follow_the_kernels_wal
         .map(|l| l.split(' ').next().unwrap())
         .collect();
     assert!(declared.len() >= WHOLE_TABLE_CHAINS, "{}", declared.len());
-    // Every declaration comes before every rule.
-    let first_rule = nat_block
-        .lines()
-        .position(|l| l.starts_with("-A "))
-        .unwrap();
-    assert_eq!(first_rule, declared.len() + 1);
+    // Each chain's rules right after its declaration, and every chain declared after the
+    // written chains it jumps to.
+    let mut current = "";
+    let mut before: BTreeSet<&str> = BTreeSet::new();
+    for line in nat_block.lines().skip(1) {
+        if let Some(decl) = line.strip_prefix(':') {
+            current = decl.split(' ').next().unwrap();
+            before.insert(current);
+        } else if let Some(rule) = line.strip_prefix("-A ") {
+            let (chain, rule) = rule.split_once(' ').unwrap();
+            assert_eq!(chain, current, "{line}");
+            if let Some(t) = super::restore::rule_target(rule) {
+                if declared.contains(&t) {
+                    assert!(before.contains(t), "{t} after {chain}");
+                }
+            }
+        }
+    }
     // The stale chain to delete is declared (emptied) first; then the written chains in
-    // the walk from KUBE-SERVICES: each service chain, then its endpoints.
+    // the walk from KUBE-SERVICES: each service's endpoint chains, then its service chain.
     assert_eq!(declared[0], "KUBE-SEP-STALESTALESTALE1");
     let declared = &declared[1..];
-    let k = declared.iter().position(|c| *c == SERVICES).unwrap();
-    let svc = declared[k + 1];
-    assert!(svc.starts_with("KUBE-SVC-"), "{svc}");
+    let k = declared
+        .iter()
+        .position(|c| c.starts_with("KUBE-SVC-"))
+        .unwrap();
+    let svc = declared[k];
     let held = &b.executor().families[&IpFamily::V4];
     let svc_targets: Vec<&str> = held.tables["nat"]
         .rules
@@ -733,13 +747,13 @@ fn large_blocks_for_iptables_nft_read_the_whole_table_and_follow_the_kernels_wal
         .filter(|t| t.starts_with("KUBE-SEP-"))
         .collect();
     assert_eq!(svc_targets.len(), 10);
-    let after: Vec<&str> = declared[k + 2..]
+    let endpoints: Vec<&str> = declared[..k]
         .iter()
         .copied()
-        .filter(|c| *c != MARK_MASQ)
-        .take(10)
+        .filter(|c| c.starts_with("KUBE-SEP-"))
         .collect();
-    assert_eq!(after, svc_targets);
+    assert_eq!(endpoints, svc_targets);
+    assert_eq!(declared.last(), Some(&SERVICES), "{declared:?}");
     // Not in name order, as a quicksort taking the first element as pivot needs.
     let mut sorted = declared.to_vec();
     sorted.sort();
