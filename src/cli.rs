@@ -81,7 +81,8 @@ pub struct SyncArgs {
     /// Sync once and exit (the continuous agent is `switchyard run`).
     #[arg(long)]
     pub once: bool,
-    /// Re-read the kernel and rewrite every chain, not only what changed.
+    /// Re-read the kernel and repair whatever differs from the layout, not only what
+    /// changed (nftables mode rewrites every chain, iptables mode every chain that differs).
     #[arg(long)]
     pub full: bool,
     #[command(flatten)]

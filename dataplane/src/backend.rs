@@ -93,7 +93,9 @@ pub type ServiceKey = (String, String);
 /// How much of the kernel state a sync brings up to date.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope<'a> {
-    /// Re-read the kernel, repair what someone changed, rewrite every chain.
+    /// Re-read the kernel and repair whatever differs from the layout (someone's edits or
+    /// deletions): nftables mode rewrites every chain, iptables mode every chain whose
+    /// rules differ from what iptables-save shows.
     Full,
     /// Lay out every service again, against what the last sync committed.
     All,

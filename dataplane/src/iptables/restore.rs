@@ -1,5 +1,6 @@
-//! iptables-save parsing and iptables-restore input: what one `--noflush` restore per family
-//! must say to move the kernel from what it holds (or what we last wrote) to the layout.
+//! iptables-save parsing and iptables-restore input: what a family's `--noflush` restore
+//! (two on iptables-nft when a whole-table block leaves the jumps for later) must say to
+//! move the kernel from what it holds (or what we last wrote) to the layout.
 //!
 //! With `--noflush`, a `:CHAIN - [0:0]` line creates or empties that chain and leaves every
 //! other chain alone, so built-in chains and other tools' chains are never touched: only
@@ -65,10 +66,10 @@ pub fn rule_target(rule: &str) -> Option<&str> {
 /// iptables-save prints it and one as we write it: iptables-save reorders the options
 /// (addresses and protocol first), drops quotes from one-word comments, prints a
 /// probability as the kernel's fixed-point value (0.1000000000 comes back as
-/// 0.10000000009), MARK's `--or-mark m` as `--set-xmark m/m` and REJECT's default
-/// `--reject-with`. Each option with its
-/// values (and a `!` before it) is one group, compared as a set, which is exact for the
-/// rules we write: none names the same option twice.
+/// 0.10000000009), MARK's `--or-mark m` as `--set-xmark m/m`, and defaults we leave out
+/// (REJECT's `--reject-with`, `-m recent`'s all-ones `--mask` and `--rsource`). Each option
+/// with its values (and a `!` before it) is one group; the groups are compared sorted,
+/// duplicates kept, so order does not matter and repetition does.
 pub fn same_rule(a: &str, b: &str) -> bool {
     canonical(a) == canonical(b)
 }
@@ -126,7 +127,6 @@ fn canonical(rule: &str) -> Vec<String> {
             *g = format!("--set-xmark {m}/0x0");
         }
     }
-    // REJECT's default, which iptables-save prints and we leave out.
     // Defaults iptables-save prints and we leave out: REJECT's, and `-m recent`'s
     // all-ones mask and source address.
     groups.retain(|g| {
@@ -441,8 +441,9 @@ fn write_order(write: &[(&str, &[String])]) -> Vec<usize> {
     order.into_iter().map(|(_, _, i)| i).collect()
 }
 
-/// Restore input that brings one family from what the kernel holds (full sync: every
-/// chain written, stale service chains deleted, missing jumps inserted) or from what our
+/// Restore input that brings one family from what the kernel holds (full sync: each chain
+/// whose rules differ from what iptables-save shows written, stale chains of ours
+/// deleted, missing jumps inserted) or from what our
 /// last restore wrote (partial: only chains whose rules changed are written; chains no
 /// longer wanted are emptied, and deleted by the next full sync, because a
 /// `-X` makes iptables-nft load every rule of the table). Empty when nothing needs doing.
