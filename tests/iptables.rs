@@ -256,7 +256,8 @@ fn cleanup_kube_proxy_removes_kube_proxys_leftovers_only() {
 /// 110 services x 10 endpoints as a JSON `List`: 1,100 endpoints and 1,210 chains, above
 /// kube-proxy's large-cluster threshold and the whole-table threshold of iptables-nft
 /// restores.
-fn large_cluster() -> String {
+/// 110 services of 10 endpoints each, the endpoints in `10.<subnet>.0.0/16`.
+fn large_cluster(subnet: u8) -> String {
     let mut items = Vec::new();
     for i in 0..110 {
         let name = format!("svc-{i}");
@@ -266,7 +267,7 @@ fn large_cluster() -> String {
             i % 200 + 1
         ));
         let eps: Vec<String> = (0..10)
-            .map(|j| format!(r#"{{"addresses":["10.1.{i}.{}"]}}"#, j + 1))
+            .map(|j| format!(r#"{{"addresses":["10.{subnet}.{i}.{}"]}}"#, j + 1))
             .collect();
         items.push(format!(
             r#"{{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{{"name":"{name}-1","namespace":"big","labels":{{"kubernetes.io/service-name":"{name}"}}}},"addressType":"IPv4","ports":[{{"name":"http","port":8080}}],"endpoints":[{}]}}"#,
@@ -281,14 +282,16 @@ fn large_cluster() -> String {
 
 /// A large cluster on iptables-nft goes in whole-table style (`-S` first, chains in the
 /// kernel's walk order, jumps in a second restore): from a node without a nat table at all,
-/// then again over the loaded table with a stale chain to delete. Every rule is there, the
-/// jumps once, the endpoint rules without comments (kube-proxy's large-cluster mode), and
+/// then again over the loaded table with a stale chain to delete, then once more with every
+/// endpoint moved (every endpoint chain new, every service chain rewritten, the old ones
+/// deleted: a whole-table block over a loaded table). Every rule is there, the jumps once,
+/// the endpoint rules without comments (kube-proxy's large-cluster mode), and
 /// iptables-nft-save reads the result; a later full sync writes only what drifted; cleanup
 /// removes it all.
 #[test]
 fn a_large_cluster_is_written_whole_table_on_iptables_nft() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("cluster.yaml"), large_cluster()).unwrap();
+    std::fs::write(dir.path().join("cluster.yaml"), large_cluster(1)).unwrap();
     std::fs::write(
         dir.path().join("kube-proxy.yaml"),
         "kind: KubeProxyConfiguration\nmode: iptables\nhostnameOverride: node-a\nclusterCIDR: 10.0.0.0/8\n",
@@ -361,6 +364,22 @@ fn a_large_cluster_is_written_whole_table_on_iptables_nft() {
         &ns.must("iptables-nft-save", &["-t", "nat"]),
         "after repair",
     );
+    std::fs::write(dir.path().join("cluster.yaml"), large_cluster(2)).unwrap();
+    let out = ns.switchyard(dir.path(), "nft", &["sync", "--once"]);
+    assert!(
+        out.contains("1210 chains written") && out.contains("1100 chains deleted"),
+        "{out}"
+    );
+    let s = ns.must("iptables-nft-save", &["-t", "nat"]);
+    check(&s, "every endpoint moved");
+    let dnat: Vec<&str> = s.lines().filter(|l| l.contains("-j DNAT")).collect();
+    assert!(
+        dnat.iter().all(|l| l.contains("--to-destination 10.2.")),
+        "{:?}",
+        &dnat[..3]
+    );
+    let chains = s.lines().filter(|l| l.starts_with(":KUBE-SEP-")).count();
+    assert_eq!(chains, 1100, "the old endpoint chains are deleted");
     // Cleanup names every chain too, and goes whole-table as well.
     ns.switchyard(dir.path(), "nft", &["cleanup", "--proxy-mode", "iptables"]);
     let s = ns.must("iptables-nft-save", &[]);
