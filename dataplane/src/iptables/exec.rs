@@ -318,6 +318,9 @@ pub struct FakeIptables {
     /// is refused a rule in a chain the table does not hold yet, as iptables-nft-restore
     /// 1.8.9 refuses one in a built-in chain the kernel does not have.
     pub style: Style,
+    /// Refuse `-S` in a restore, naming its line, as an iptables-nft that takes no list
+    /// command there would.
+    pub refuse_listing: bool,
 }
 
 impl FakeIptables {
@@ -424,6 +427,13 @@ impl IptablesExecutor for FakeIptables {
         }
         if let Some(msg) = self.fail_next.take() {
             return Err(IptablesError::Fake(msg));
+        }
+        if self.refuse_listing && input.lines().any(|l| l == "-S") {
+            return Err(IptablesError::Rejected {
+                program: "iptables-nft-restore".into(),
+                stderr: "iptables-nft-restore: unknown option \"-S\"".into(),
+                line: Some("-S".into()),
+            });
         }
         let saved = self.families.entry(family).or_default();
         FakeIptables::apply(saved, input).map_err(IptablesError::Fake)

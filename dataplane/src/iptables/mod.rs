@@ -11,7 +11,7 @@ use crate::model::{IpFamily, Snapshot};
 use crate::nft::transaction::TxStats;
 use exec::{IptablesError, IptablesExecutor};
 use render::{FamilyLayout, Rendered};
-use restore::{Base, RestoreStats};
+use restore::{Base, RestoreStats, Style};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
@@ -22,6 +22,9 @@ pub struct IptablesBackend<E: IptablesExecutor> {
     /// What the last successful restores left in our chains, per family, as the layout
     /// that produced it; a family missing here is synced in full, against the kernel.
     applied: Rendered,
+    /// The iptables-nft here refused a whole-table input's `-S` (only 1.8.9 is known to
+    /// take it): every input is written chain by chain from then on.
+    plain_only: bool,
 }
 
 impl<E: IptablesExecutor> IptablesBackend<E> {
@@ -29,6 +32,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         IptablesBackend {
             exec,
             applied: Rendered::default(),
+            plain_only: false,
         }
     }
 
@@ -97,7 +101,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         applied_before: Option<&FamilyLayout>,
         family: IpFamily,
     ) -> Result<(RestoreStats, bool), IptablesError> {
-        let style = self.exec.style();
+        let style = self.style();
         let (inputs, stats, drift) = match previous {
             Some((layout, changed)) => {
                 // Emptied chains stay until the next full sync deletes them with the other
@@ -124,9 +128,42 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
             }
         };
         for input in &inputs {
-            self.exec.restore(family, input)?;
+            match self.exec.restore(family, input) {
+                Ok(()) => {}
+                Err(e) if self.refused_whole_table(&e) => {
+                    // What the refused input committed before its `-S` block is read back
+                    // with the rest: this sync starts over, in full.
+                    return self.sync_family(desired, jumps, None, applied_before, family);
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok((stats, drift))
+    }
+
+    /// Whether `e` is the refusal of a whole-table input's `-S`; if so, every input is
+    /// written chain by chain from now on.
+    fn refused_whole_table(&mut self, e: &IptablesError) -> bool {
+        let refused = self.style() == Style::Nft
+            && matches!(e, IptablesError::Rejected { line: Some(l), .. } if l.trim() == "-S");
+        if refused {
+            tracing::warn!(
+                "{e}: this iptables-nft refuses -S in a restore; writing chain by chain from \
+                 now on, which is slow for large clusters"
+            );
+            self.plain_only = true;
+        }
+        refused
+    }
+
+    /// The layout asked of restore inputs: what the executor's binary takes, unless it
+    /// refused a whole-table input.
+    fn style(&self) -> Style {
+        if self.plain_only {
+            Style::Plain
+        } else {
+            self.exec.style()
+        }
     }
 }
 
@@ -230,9 +267,15 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         let mut removed = 0;
         for family in IpFamily::ALL {
             let saved = self.exec.save(family)?;
-            let (input, stats) = restore::cleanup_input_of(&saved, owned, self.exec.style());
+            let (input, stats) = restore::cleanup_input_of(&saved, owned, self.style());
             if !input.is_empty() {
-                self.exec.restore(family, &input)?;
+                match self.exec.restore(family, &input) {
+                    Err(e) if self.refused_whole_table(&e) => {
+                        let (input, _) = restore::cleanup_input_of(&saved, owned, Style::Plain);
+                        self.exec.restore(family, &input)?;
+                    }
+                    r => r?,
+                }
             }
             removed += stats.chains_deleted;
         }

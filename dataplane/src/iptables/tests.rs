@@ -660,6 +660,14 @@ fn crossing_the_large_cluster_threshold_rewrites_every_endpoint_rule_in_a_partia
         assert!(rule.contains("-m comment"), "{rule}");
         assert!(kernel.contains(&rule), "missing {rule}");
     }
+    // Nothing else is left: the removed service's chains are emptied, and no endpoint rule
+    // without its comment survives beside the commented one.
+    let held = &b.executor().families[&IpFamily::V4];
+    assert_eq!(
+        held.table(TableName::Nat).unwrap().rules.len(),
+        nat(&s).values().map(Vec::len).sum::<usize>() + 3,
+        "the kernel holds exactly the layout (and the three nat jumps)"
+    );
 }
 
 #[test]
@@ -927,4 +935,47 @@ fn an_endpoint_change_reuses_the_fixed_chains_and_a_front_end_change_assembles_t
         .rules
         .iter()
         .any(|(c, r)| c == SERVICES && r.contains("-d 172.31.0.7/32")));
+}
+
+#[test]
+fn an_iptables_nft_that_refuses_whole_table_inputs_is_written_chain_by_chain() {
+    use super::restore::Style;
+    let s = crate::synth::cluster(100, 10);
+    let mut b = IptablesBackend::new(FakeIptables {
+        style: Style::Nft,
+        refuse_listing: true,
+        ..foreign()
+    });
+    b.sync(&s, Scope::All).unwrap();
+    let with_listing = |b: &IptablesBackend<FakeIptables>| -> Vec<bool> {
+        b.executor()
+            .inputs
+            .iter()
+            .filter(|(f, _)| *f == IpFamily::V4)
+            .map(|(_, i)| i.lines().any(|l| l == "-S"))
+            .collect()
+    };
+    // Whole-table first, refused; then the same sync again, chain by chain.
+    assert_eq!(with_listing(&b), vec![true, false]);
+    let held = &b.executor().families[&IpFamily::V4];
+    for (chain, rules) in &nat(&s) {
+        let got = held.tables["nat"]
+            .rules
+            .iter()
+            .filter(|(c, _)| c == chain)
+            .count();
+        assert_eq!(got, rules.len(), "{chain}");
+    }
+    assert_eq!(jump_count(b.executor(), "nat", "PREROUTING", SERVICES), 1);
+    assert!(held.tables["filter"].chains.contains("DOCKER"));
+    // It sticks: cleanup, which names every chain, goes chain by chain at once.
+    let removed = b.cleanup().unwrap();
+    assert!(removed > 1000, "{removed}");
+    assert_eq!(with_listing(&b), vec![true, false, false]);
+    let held = &b.executor().families[&IpFamily::V4];
+    assert!(!held.tables["nat"]
+        .chains
+        .iter()
+        .any(|c| c.starts_with("KUBE-")));
+    assert!(held.tables["filter"].chains.contains("DOCKER"));
 }
