@@ -27,11 +27,12 @@ use std::time::{Duration, Instant};
 mod common;
 use common::{ms, pct};
 
-/// Times each iptables-restore and iptables-save.
+/// Times each iptables-restore, iptables-save and direct creation of chains.
 struct Timed {
     inner: IptablesCommand,
     restores: Vec<Duration>,
     saves: Vec<Duration>,
+    created: Vec<Duration>,
 }
 
 impl IptablesExecutor for Timed {
@@ -52,6 +53,17 @@ impl IptablesExecutor for Timed {
     }
     fn style(&self) -> Style {
         self.inner.style()
+    }
+    fn create_chains(
+        &mut self,
+        family: IpFamily,
+        table: TableName,
+        chains: &[(&str, &[String])],
+    ) -> Result<(), IptablesError> {
+        let t = Instant::now();
+        let r = self.inner.create_chains(family, table, chains);
+        self.created.push(t.elapsed());
+        r
     }
     fn chain_exists(
         &mut self,
@@ -93,12 +105,14 @@ fn in_process(services: usize, changes: usize, variant: Variant) {
         inner: IptablesCommand::new(variant),
         restores: Vec::new(),
         saves: Vec::new(),
+        created: Vec::new(),
     });
     let t = Instant::now();
     be.sync(&snap, Scope::All).expect("cold sync");
     let cold = t.elapsed();
     let cold_restores: Duration = be.executor().restores.iter().sum();
     let cold_saves: Duration = be.executor().saves.iter().sum();
+    let cold_created: Duration = be.executor().created.iter().sum();
     // SY_BENCH_FULL_RESYNC=0 skips it: on iptables-nft it costs about as much as the cold sync.
     let full = (std::env::var("SY_BENCH_FULL_RESYNC").as_deref() != Ok("0")).then(|| {
         let t = Instant::now();
@@ -115,9 +129,10 @@ fn in_process(services: usize, changes: usize, variant: Variant) {
     });
     let mut restores: Vec<Duration> = be.executor().restores[before..].to_vec();
     println!(
-        "(b) iptables-{} {services} x 10: cold sync {} (iptables-restore {}, iptables-save {}); full resync {}; one-endpoint change over {changes}: iptables-restore p50 {} p99 {}; whole sync p50 {} p99 {}",
+        "(b) iptables-{} {services} x 10: cold sync {} (chains created over netlink {}, iptables-restore {}, iptables-save {}); full resync {}; one-endpoint change over {changes}: iptables-restore p50 {} p99 {}; whole sync p50 {} p99 {}",
         variant.as_str(),
         ms(cold),
+        ms(cold_created),
         ms(cold_restores),
         ms(cold_saves),
         full.map_or("skipped".into(), ms),

@@ -60,6 +60,23 @@ impl Ns {
     }
 }
 
+impl Ns {
+    /// A new namespace named after `what`; `None` (the test skips) when this machine
+    /// cannot make one and SWITCHYARD_REQUIRE_NETNS is not 1.
+    fn create(what: &str) -> Option<Ns> {
+        let name = format!("{}ipt-{what}", netns::unique_prefix());
+        if let Err(e) = netns::create_namespace(&name) {
+            assert!(
+                std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
+                "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
+            );
+            println!("SKIP: needs root and network namespaces: {e}");
+            return None;
+        }
+        Some(Ns(name))
+    }
+}
+
 fn lines_of<'a>(save: &'a str, chain: &str) -> Vec<&'a str> {
     let prefix = format!("-A {chain} ");
     save.lines().filter(|l| l.starts_with(&prefix)).collect()
@@ -75,16 +92,9 @@ fn iptables_mode_coexists_with_other_tools_on_both_back_ends() {
     )
     .unwrap();
     for variant in ["nft", "legacy"] {
-        let name = format!("{}ipt-{variant}", netns::unique_prefix());
-        if let Err(e) = netns::create_namespace(&name) {
-            assert!(
-                std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
-                "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
-            );
-            println!("SKIP: needs root and network namespaces: {e}");
+        let Some(ns) = Ns::create(variant) else {
             return;
-        }
-        let ns = Ns(name);
+        };
         let ipt = format!("iptables-{variant}");
         let save = format!("iptables-{variant}-save");
         // Another tool's state: Docker's chains and jumps, a FORWARD policy of DROP, and a
@@ -176,16 +186,9 @@ fn iptables_mode_coexists_with_other_tools_on_both_back_ends() {
 /// table and Switchyard's own tables stay.
 #[test]
 fn cleanup_kube_proxy_removes_kube_proxys_leftovers_only() {
-    let name = format!("{}ipt-kp", netns::unique_prefix());
-    if let Err(e) = netns::create_namespace(&name) {
-        assert!(
-            std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
-            "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
-        );
-        println!("SKIP: {e}");
+    let Some(ns) = Ns::create("kp") else {
         return;
-    }
-    let ns = Ns(name);
+    };
     let tables = "table ip kube-proxy {\n chain services { counter; }\n}\n\
                   table ip6 kube-proxy {\n chain services { counter; }\n}\n\
                   table inet filter {\n chain input { type filter hook input priority 0; policy accept; tcp dport 22 accept; }\n}\n\
@@ -280,14 +283,14 @@ fn large_cluster(subnet: u8) -> String {
     )
 }
 
-/// A large cluster on iptables-nft goes in whole-table style (`-S` first, chains in the
-/// kernel's walk order, jumps in a second restore): from a node without a nat table at all,
-/// then again over the loaded table with a stale chain to delete, then once more with every
-/// endpoint moved (every endpoint chain new, every service chain rewritten, the old ones
-/// deleted: a whole-table block over a loaded table). Every rule is there, the jumps once,
-/// the endpoint rules without comments (kube-proxy's large-cluster mode), and
-/// iptables-nft-save reads the result; a later full sync writes only what drifted; cleanup
-/// removes it all.
+/// A large cluster on iptables-nft: the chains a sync creates go straight over netlink and
+/// the rest in a restore (whole-table style, `-S` first, when it still declares 1,000
+/// chains): from a node without a nat table at all, then again over the loaded table with a
+/// stale chain to delete, then once more with every endpoint moved (every endpoint chain
+/// new, every service chain rewritten, the old ones deleted, over a loaded table with its
+/// jumps). Every rule is there, the jumps once, the endpoint rules without comments
+/// (kube-proxy's large-cluster mode), and iptables-nft-save reads the result; a later full
+/// sync writes only what drifted; cleanup (whole-table) removes it all.
 #[test]
 fn a_large_cluster_is_written_whole_table_on_iptables_nft() {
     let dir = tempfile::tempdir().unwrap();
@@ -297,16 +300,9 @@ fn a_large_cluster_is_written_whole_table_on_iptables_nft() {
         "kind: KubeProxyConfiguration\nmode: iptables\nhostnameOverride: node-a\nclusterCIDR: 10.0.0.0/8\n",
     )
     .unwrap();
-    let name = format!("{}ipt-big", netns::unique_prefix());
-    if let Err(e) = netns::create_namespace(&name) {
-        assert!(
-            std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
-            "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
-        );
-        println!("SKIP: needs root and network namespaces: {e}");
+    let Some(ns) = Ns::create("big") else {
         return;
-    }
-    let ns = Ns(name);
+    };
     let check = |s: &str, when: &str| {
         let dnat = s
             .lines()
@@ -392,4 +388,152 @@ fn a_large_cluster_is_written_whole_table_on_iptables_nft() {
         "cleanup left ours: {:?}",
         &ours[..ours.len().min(5)]
     );
+}
+
+/// `n` services of `eps` endpoints each, TCP and UDP in turn, endpoints in 10.3.0.0/16.
+fn mixed_cluster(n: usize, eps: usize) -> String {
+    let mut items = Vec::new();
+    for i in 0..n {
+        let name = format!("svc-{i}");
+        let proto = if i % 2 == 0 { "TCP" } else { "UDP" };
+        items.push(format!(
+            r#"{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"{name}","namespace":"mix"}},"spec":{{"clusterIP":"172.31.{}.{}","ports":[{{"name":"p","port":53,"protocol":"{proto}"}}]}}}}"#,
+            i / 200,
+            i % 200 + 1
+        ));
+        let endpoints: Vec<String> = (0..eps)
+            .map(|j| {
+                format!(
+                    r#"{{"addresses":["10.3.{}.{}"]}}"#,
+                    i / 200,
+                    (i % 200) + j + 1
+                )
+            })
+            .collect();
+        items.push(format!(
+            r#"{{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{{"name":"{name}-1","namespace":"mix","labels":{{"kubernetes.io/service-name":"{name}"}}}},"addressType":"IPv4","ports":[{{"name":"p","port":5353,"protocol":"{proto}"}}],"endpoints":[{}]}}"#,
+            endpoints.join(",")
+        ));
+    }
+    format!(
+        r#"{{"apiVersion":"v1","kind":"List","items":[{}]}}"#,
+        items.join(",")
+    )
+}
+
+/// The chains of `table` as `nft --debug=netlink` shows their expressions, handles left
+/// out, sorted by chain: what the kernel holds, whoever wrote it.
+fn kernel_expressions(ns: &Ns) -> Vec<String> {
+    let out = ns.run("nft", &["--debug=netlink", "list", "table", "ip", "nat"]);
+    assert!(out.success(), "{}", out.transcript());
+    let listing = out
+        .stdout
+        .split("\ntable ip nat {")
+        .next()
+        .unwrap_or_default();
+    let mut chains: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let mut current = String::new();
+    for line in listing.lines() {
+        if let Some(header) = line.strip_prefix("ip nat ") {
+            current = header.split(' ').next().unwrap_or_default().to_string();
+        } else if line.starts_with("  [") {
+            chains
+                .entry(current.clone())
+                .or_default()
+                .push(line.to_string());
+        } else if !line.is_empty() {
+            chains.entry(current.clone()).or_default().push("--".into());
+        }
+    }
+    chains
+        .into_iter()
+        .map(|(c, rules)| format!("{c}\n{}", rules.join("\n")))
+        .collect()
+}
+
+/// What Switchyard writes straight over netlink on iptables-nft (the chains a large sync
+/// creates) is what iptables-nft-restore writes from the same rules, expression for
+/// expression, and iptables-nft-save prints it the same: for a large cluster (endpoint
+/// rules without comments, TCP, a clusterCIDR that is not byte-aligned) and for 600
+/// one-endpoint services (comments on every rule, TCP and UDP).
+#[test]
+fn chains_written_directly_equal_what_iptables_nft_restore_writes() {
+    for (case, cluster, cidr) in [
+        ("large", large_cluster(1), "10.0.0.0/12"),
+        ("commented", mixed_cluster(600, 1), "10.0.0.0/8"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cluster.yaml"), cluster).unwrap();
+        std::fs::write(
+            dir.path().join("kube-proxy.yaml"),
+            format!("kind: KubeProxyConfiguration\nmode: iptables\nhostnameOverride: node-a\nclusterCIDR: {cidr}\n"),
+        )
+        .unwrap();
+        let (Some(direct), Some(restored)) = (Ns::create("direct"), Ns::create("restore")) else {
+            return;
+        };
+        let (direct, restored) = (&direct, &restored);
+        let out = direct.run(
+            env!("CARGO_BIN_EXE_switchyard"),
+            &[
+                "sync",
+                "--once",
+                "--config",
+                &dir.path().join("kube-proxy.yaml").to_string_lossy(),
+                "--manifests",
+                &dir.path().join("cluster.yaml").to_string_lossy(),
+                "--iptables-backend",
+                "nft",
+            ],
+        );
+        assert!(out.success(), "{case}: {}", out.transcript());
+        // Written directly, not through the restore it falls back to.
+        assert!(
+            !out.stderr.contains("directly failed"),
+            "{case}: {}",
+            out.transcript()
+        );
+        let render = format!(
+            "{} render --config {} --manifests {} | sed '/^# IPv6/,$d' | iptables-nft-restore --noflush",
+            env!("CARGO_BIN_EXE_switchyard"),
+            dir.path().join("kube-proxy.yaml").display(),
+            dir.path().join("cluster.yaml").display()
+        );
+        restored.must("sh", &["-c", &render]);
+        let (a, b) = (kernel_expressions(direct), kernel_expressions(restored));
+        assert!(a.len() > 1000, "{case}: {}", a.len());
+        assert_eq!(a.len(), b.len(), "{case}");
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x, y, "{case}");
+        }
+        // Byte for byte, the xtables payloads included (neither listing shows them whole).
+        let dump = |ns: &Ns| {
+            netns::in_netns(&ns.0, || {
+                dataplane::iptables::direct::dump_expressions(
+                    dataplane::model::IpFamily::V4,
+                    dataplane::iptables::render::TableName::Nat,
+                )
+                .map_err(std::io::Error::other)
+            })
+            .unwrap()
+        };
+        let (a, b) = (dump(direct), dump(restored));
+        assert!(a.len() > 1000, "{case}: {}", a.len());
+        assert_eq!(
+            a.keys().collect::<Vec<_>>(),
+            b.keys().collect::<Vec<_>>(),
+            "{case}"
+        );
+        for (chain, rules) in &a {
+            assert_eq!(rules, &b[chain], "{case}: {chain}");
+        }
+        let save = |ns: &Ns| -> Vec<String> {
+            ns.must("iptables-nft-save", &["-t", "nat"])
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(save(direct), save(restored), "{case}");
+    }
 }

@@ -10,6 +10,8 @@ use std::collections::BTreeSet;
 /// What can go wrong talking to iptables.
 #[derive(Debug, thiserror::Error)]
 pub enum IptablesError {
+    #[error(transparent)]
+    Direct(#[from] super::direct::DirectError),
     #[error("cannot run {program}: {source}")]
     Spawn {
         program: String,
@@ -82,6 +84,17 @@ pub trait IptablesExecutor {
         table: TableName,
         chain: &str,
     ) -> Result<bool, IptablesError>;
+    /// Creates `chains`, none of which exists yet, with their rules, in one transaction
+    /// ([`Style::NftDirect`]'s [`super::restore::Input::Create`]).
+    fn create_chains(
+        &mut self,
+        family: IpFamily,
+        table: TableName,
+        chains: &[(&str, &[String])],
+    ) -> Result<(), IptablesError> {
+        let _ = (family, table, chains);
+        Err(super::direct::DirectError::Unsupported("no direct writes here".into()).into())
+    }
 }
 
 /// The real executor: the iptables binaries of one variant.
@@ -258,9 +271,38 @@ impl IptablesExecutor for IptablesCommand {
 
     fn style(&self) -> Style {
         match self.variant {
-            Variant::Nft => Style::Nft,
+            Variant::Nft => Style::NftDirect,
             Variant::Legacy => Style::Plain,
         }
+    }
+
+    fn create_chains(
+        &mut self,
+        family: IpFamily,
+        table: TableName,
+        chains: &[(&str, &[String])],
+    ) -> Result<(), IptablesError> {
+        use super::direct::{send, Batch, DirectError};
+        if self.variant != Variant::Nft {
+            return Err(DirectError::Unsupported("iptables-legacy has no nf_tables".into()).into());
+        }
+        let mut batch = Batch::new(family, table)?;
+        for (chain, _) in chains {
+            batch.chain(chain);
+        }
+        for (chain, rules) in chains {
+            for rule in rules.iter() {
+                if !batch.rule(chain, rule) {
+                    return Err(DirectError::Unsupported(format!(
+                        "cannot encode {chain} rule {rule}"
+                    ))
+                    .into());
+                }
+            }
+        }
+        let n = batch.chains;
+        send(&batch.finish(), n)?;
+        Ok(())
     }
 
     fn chain_exists(
@@ -321,6 +363,10 @@ pub struct FakeIptables {
     /// Refuse `-S` in a restore, naming its line, as an iptables-nft that takes no list
     /// command there would.
     pub refuse_listing: bool,
+    /// Chains created directly, per call.
+    pub created: Vec<(IpFamily, Vec<String>)>,
+    /// Refuse direct writes, as a kernel without nf_tables netlink access would.
+    pub refuse_direct: bool,
 }
 
 impl FakeIptables {
@@ -446,6 +492,45 @@ impl IptablesExecutor for FakeIptables {
 
     fn style(&self) -> Style {
         self.style
+    }
+
+    fn create_chains(
+        &mut self,
+        family: IpFamily,
+        table: TableName,
+        chains: &[(&str, &[String])],
+    ) -> Result<(), IptablesError> {
+        use super::direct::DirectError;
+        self.created
+            .push((family, chains.iter().map(|(c, _)| c.to_string()).collect()));
+        if self.refuse_direct || family != IpFamily::V4 {
+            return Err(DirectError::Unsupported("refused".into()).into());
+        }
+        let t = self
+            .families
+            .entry(family)
+            .or_default()
+            .tables
+            .entry(table.as_str().to_string())
+            .or_default();
+        let mut work = t.clone();
+        for (chain, _) in chains {
+            if !work.chains.insert(chain.to_string()) {
+                return Err(DirectError::Unsupported(format!("{chain} exists")).into());
+            }
+        }
+        for (chain, rules) in chains {
+            for rule in rules.iter() {
+                let target_missing = super::restore::rule_target(rule)
+                    .is_some_and(|t| t.starts_with("KUBE-") && !work.chains.contains(t));
+                if !super::direct::encodable(rule) || target_missing {
+                    return Err(DirectError::Unsupported(format!("{chain}: {rule}")).into());
+                }
+                work.rules.push((chain.to_string(), rule.to_string()));
+            }
+        }
+        *t = work;
+        Ok(())
     }
 
     fn chain_exists(

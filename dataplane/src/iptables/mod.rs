@@ -1,6 +1,7 @@
 //! The iptables backend: kube-proxy's chain layout (pure), restore inputs computed against
 //! the kernel (full sync) or our last write (partial), and the iptables binaries.
 
+pub mod direct;
 pub mod exec;
 pub mod names;
 pub mod render;
@@ -11,7 +12,7 @@ use crate::model::{IpFamily, Snapshot};
 use crate::nft::transaction::TxStats;
 use exec::{IptablesError, IptablesExecutor};
 use render::{FamilyLayout, Rendered};
-use restore::{Base, RestoreStats, Style};
+use restore::{Base, Input, RestoreStats, Style};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
@@ -25,6 +26,8 @@ pub struct IptablesBackend<E: IptablesExecutor> {
     /// The iptables-nft here refused a whole-table input's `-S` (only 1.8.9 is known to
     /// take it): every input is written chain by chain from then on.
     plain_only: bool,
+    /// A direct write failed: chains go through iptables-nft-restore only from then on.
+    no_direct: bool,
 }
 
 impl<E: IptablesExecutor> IptablesBackend<E> {
@@ -33,6 +36,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
             exec,
             applied: Rendered::default(),
             plain_only: false,
+            no_direct: false,
         }
     }
 
@@ -101,7 +105,11 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         applied_before: Option<&FamilyLayout>,
         family: IpFamily,
     ) -> Result<(RestoreStats, bool), IptablesError> {
-        let style = self.style();
+        // Direct writes encode IPv4 rules only.
+        let style = match (self.style(), family) {
+            (Style::NftDirect, IpFamily::V6) => Style::Nft,
+            (style, _) => style,
+        };
         let (inputs, stats, drift) = match previous {
             Some((layout, changed)) => {
                 // Emptied chains stay until the next full sync deletes them with the other
@@ -128,11 +136,28 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
             }
         };
         for input in &inputs {
-            match self.exec.restore(family, input) {
+            let done = match input {
+                Input::Restore(text) => self.exec.restore(family, text),
+                Input::Create { table, chains } => self
+                    .exec
+                    .create_chains(family, *table, chains)
+                    .inspect_err(|e| {
+                        tracing::warn!(
+                            "{family}: creating {} chains directly failed, so chains go \
+                             through iptables-nft-restore from now on: {e}",
+                            chains.len()
+                        );
+                        self.no_direct = true;
+                    }),
+            };
+            match done {
                 Ok(()) => {}
+                // What a refused step committed before is read back with the rest: this
+                // sync starts over, in full, without what was refused.
+                Err(_) if matches!(input, Input::Create { .. }) => {
+                    return self.sync_family(desired, jumps, None, applied_before, family);
+                }
                 Err(e) if self.refused_whole_table(&e) => {
-                    // What the refused input committed before its `-S` block is read back
-                    // with the rest: this sync starts over, in full.
                     return self.sync_family(desired, jumps, None, applied_before, family);
                 }
                 Err(e) => return Err(e),
@@ -144,7 +169,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
     /// Whether `e` is the refusal of a whole-table input's `-S`; if so, every input is
     /// written chain by chain from now on.
     fn refused_whole_table(&mut self, e: &IptablesError) -> bool {
-        let refused = self.style() == Style::Nft
+        let refused = self.style() != Style::Plain
             && matches!(e, IptablesError::Rejected { line: Some(l), .. } if l.trim() == "-S");
         if refused {
             tracing::warn!(
@@ -159,10 +184,10 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
     /// The layout asked of restore inputs: what the executor's binary takes, unless it
     /// refused a whole-table input.
     fn style(&self) -> Style {
-        if self.plain_only {
-            Style::Plain
-        } else {
-            self.exec.style()
+        match self.exec.style() {
+            _ if self.plain_only => Style::Plain,
+            Style::NftDirect if self.no_direct => Style::Nft,
+            style => style,
         }
     }
 }

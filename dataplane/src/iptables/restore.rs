@@ -74,8 +74,9 @@ pub fn same_rule(a: &str, b: &str) -> bool {
     canonical(a) == canonical(b)
 }
 
-fn canonical(rule: &str) -> Vec<String> {
-    // Words, a quoted string being one word (a quoted word is always a value).
+/// A rule's words, a double-quoted string being one word (flagged: a quoted word is
+/// always a value), and whether every quote was closed.
+pub(super) fn rule_words(rule: &str) -> (Vec<(String, bool)>, bool) {
     let mut words: Vec<(String, bool)> = Vec::new();
     let mut quoted: Option<String> = None;
     for w in rule.split_whitespace() {
@@ -94,9 +95,15 @@ fn canonical(rule: &str) -> Vec<String> {
             }
         }
     }
+    let closed = quoted.is_none();
     if let Some(q) = quoted {
         words.push((q.trim_matches('"').to_string(), true));
     }
+    (words, closed)
+}
+
+fn canonical(rule: &str) -> Vec<String> {
+    let (words, _) = rule_words(rule);
     let mut groups: Vec<String> = Vec::new();
     let mut negate = false;
     for (w, is_quoted) in words {
@@ -215,16 +222,18 @@ impl RestoreStats {
 
 /// One table's part of a restore input.
 #[derive(Default)]
-struct TablePlan<'a> {
+struct TablePlan<'a, 'k> {
     write: Vec<(&'a str, &'a [String])>,
     /// Emptied, not deleted.
     flush: Vec<String>,
     delete: Vec<String>,
     insert: Vec<&'a Jump>,
     remove: Vec<(String, String)>,
+    /// The chains the kernel holds, when the plan was made against it.
+    held: Option<&'k BTreeSet<String>>,
 }
 
-impl TablePlan<'_> {
+impl TablePlan<'_, '_> {
     fn is_empty(&self) -> bool {
         self.write.is_empty()
             && self.flush.is_empty()
@@ -250,7 +259,7 @@ impl TablePlan<'_> {
         if self.is_empty() {
             return;
         }
-        let whole_table = style == Style::Nft && self.declared() >= WHOLE_TABLE_CHAINS;
+        let whole_table = style != Style::Plain && self.declared() >= WHOLE_TABLE_CHAINS;
         let _ = writeln!(out, "*{}", table.as_str());
         if whole_table {
             out.push_str("-S\n");
@@ -326,6 +335,68 @@ pub enum Style {
     /// chains, each declared right before its rules, in [`walk_order`]. Smaller blocks are
     /// plain: reading a large table costs more than tracking a few names.
     Nft,
+    /// [`Style::Nft`], and a block that would be whole-table has the chains it creates
+    /// written directly over netlink first ([`Input::Create`], see [`super::direct`]) when
+    /// their rules are ones that module encodes and every chain they jump to exists or is
+    /// created with them; the rest goes in the restore.
+    NftDirect,
+}
+
+/// One step of a sync of one family, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input<'a> {
+    /// Chains that do not exist yet, to create with their rules in one nf_tables batch.
+    Create {
+        table: TableName,
+        chains: Vec<(&'a str, &'a [String])>,
+    },
+    /// An `iptables-restore --noflush` input.
+    Restore(String),
+}
+
+/// Moves out of `plan.write` the chains [`Style::NftDirect`] creates directly: new (not
+/// in `held`), every rule encodable, and every chain they jump to either held already or
+/// created with them. In the kernel's walk order, which is also the order they are
+/// created in (see [`walk_order`]).
+fn split_direct<'a>(
+    plan: &mut TablePlan<'a, '_>,
+    held: &BTreeSet<String>,
+) -> Vec<(&'a str, &'a [String])> {
+    let new: BTreeSet<&str> = plan
+        .write
+        .iter()
+        .map(|(c, _)| *c)
+        .filter(|c| !held.contains(*c))
+        .collect();
+    let rules: BTreeMap<&str, &[String]> = plan.write.iter().copied().collect();
+    let mut direct: BTreeSet<&str> = new
+        .iter()
+        .copied()
+        .filter(|c| rules[c].iter().all(|r| super::direct::encodable(r)))
+        .collect();
+    loop {
+        let blocked: Vec<&str> = direct
+            .iter()
+            .copied()
+            .filter(|c| {
+                rules[c]
+                    .iter()
+                    .filter_map(|r| rule_target(r))
+                    .any(|t| new.contains(t) && !direct.contains(t))
+            })
+            .collect();
+        if blocked.is_empty() {
+            break;
+        }
+        for c in blocked {
+            direct.remove(c);
+        }
+    }
+    let (moved, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut plan.write)
+        .into_iter()
+        .partition(|(c, _)| direct.contains(c));
+    plan.write = kept;
+    walk_order(&moved).into_iter().map(|i| moved[i]).collect()
 }
 
 /// The chains in the order the kernel walks them from the top-level chains (those no
@@ -453,17 +524,25 @@ pub fn sync_input(
     jumps: &[Jump],
 ) -> (String, RestoreStats) {
     let (inputs, stats) = sync_inputs(desired, base, jumps, Style::Plain);
-    (inputs.concat(), stats)
+    let text = inputs
+        .into_iter()
+        .filter_map(|i| match i {
+            Input::Restore(text) => Some(text),
+            Input::Create { .. } => None,
+        })
+        .collect();
+    (text, stats)
 }
 
-/// [`sync_input`] laid out in `style`: the inputs to restore one after the other (more
-/// than one only when a whole-table block leaves its jumps to a second input).
-pub fn sync_inputs(
-    desired: &FamilyLayout,
+/// [`sync_input`] laid out in `style`: the steps to take one after the other (more than
+/// one only when a whole-table block leaves its jumps to a second input, or chains are
+/// created directly before the restore).
+pub fn sync_inputs<'a>(
+    desired: &'a FamilyLayout,
     base: Base<'_>,
-    jumps: &[Jump],
+    jumps: &'a [Jump],
     style: Style,
-) -> (Vec<String>, RestoreStats) {
+) -> (Vec<Input<'a>>, RestoreStats) {
     let mut plans: BTreeMap<TableName, TablePlan> = BTreeMap::new();
     let empty = PortRules::default();
     match base {
@@ -492,6 +571,9 @@ pub fn sync_inputs(
             for table in TableName::ALL {
                 let held = saved.table(table);
                 let plan = plans.entry(table).or_default();
+                // A table the kernel lacks holds no chains.
+                static NONE: BTreeSet<String> = BTreeSet::new();
+                plan.held = Some(held.map_or(&NONE, |h| &h.chains));
                 if let Some(held) = held {
                     let want = wanted.get(&table);
                     // A stale chain another tool's rule jumps to cannot be deleted without
@@ -545,15 +627,15 @@ pub fn sync_inputs(
             };
             let nat = plans.entry(TableName::Nat).or_default();
             for name in names {
-                let new = desired.ports.get(name).unwrap_or(&empty);
+                let new = desired.ports.get(name);
                 let old = prev.ports.get(name).unwrap_or(&empty);
-                for (c, r) in &new.chains {
+                for (c, r) in new.iter().flat_map(|n| &n.chains) {
                     if old.chains.get(c) != Some(r) {
                         nat.write.push((c, r));
                     }
                 }
                 for c in old.chains.keys() {
-                    if !new.chains.contains_key(c) {
+                    if !new.is_some_and(|n| n.chains.contains_key(c)) {
                         nat.flush.push(c.clone());
                     }
                 }
@@ -563,12 +645,28 @@ pub fn sync_inputs(
     let mut out = String::new();
     let mut later = String::new();
     let mut stats = RestoreStats::default();
+    let mut inputs = Vec::new();
     for table in TableName::ALL {
-        if let Some(plan) = plans.get(&table) {
+        if let Some(plan) = plans.get_mut(&table) {
+            if style == Style::NftDirect && plan.declared() >= WHOLE_TABLE_CHAINS {
+                if let Some(held) = plan.held {
+                    let chains = split_direct(plan, held);
+                    if !chains.is_empty() {
+                        stats.chains_written += chains.len();
+                        stats.rules_written += chains.iter().map(|(_, r)| r.len()).sum::<usize>();
+                        inputs.push(Input::Create { table, chains });
+                    }
+                }
+            }
             plan.emit(table, style, &mut out, &mut later, &mut stats);
         }
     }
-    let inputs = [out, later].into_iter().filter(|i| !i.is_empty()).collect();
+    inputs.extend(
+        [out, later]
+            .into_iter()
+            .filter(|i| !i.is_empty())
+            .map(Input::Restore),
+    );
     (inputs, stats)
 }
 

@@ -979,3 +979,131 @@ fn an_iptables_nft_that_refuses_whole_table_inputs_is_written_chain_by_chain() {
         .any(|c| c.starts_with("KUBE-")));
     assert!(held.tables["filter"].chains.contains("DOCKER"));
 }
+
+/// The chains a whole-table sync on iptables-nft creates go over netlink first, when every
+/// rule is one the direct writer encodes and everything they jump to exists or comes with
+/// them; the rest (here, a service with session affinity, whose `-m recent` rules are not
+/// encoded, and the fixed chains with their addrtype and mark matches) follows in one
+/// plain restore.
+#[test]
+fn new_chains_of_a_large_sync_are_created_directly_and_the_rest_restored() {
+    use super::restore::Style;
+    let mut s = crate::synth::cluster(100, 10);
+    let sticky = ServicePortName::new("bench", "svc-7", "http", Protocol::Tcp);
+    s.services
+        .get_mut(&(sticky.clone(), IpFamily::V4))
+        .unwrap()
+        .session_affinity = SessionAffinity::ClientIp {
+        timeout_seconds: 10800,
+    };
+    let mut b = IptablesBackend::new(FakeIptables {
+        style: Style::NftDirect,
+        ..foreign()
+    });
+    let r = b.sync(&s, Scope::All).unwrap();
+    let f = b.executor();
+    assert_eq!(f.created.len(), 1, "one batch");
+    let created: BTreeSet<&str> = f.created[0].1.iter().map(String::as_str).collect();
+    let want = nat(&s);
+    let sticky_chains: BTreeSet<&str> = want
+        .iter()
+        .filter(|(_, rules)| rules.iter().any(|r| r.contains("-m recent")))
+        .map(|(c, _)| c.as_str())
+        .collect();
+    assert!(!sticky_chains.is_empty());
+    for (chain, rules) in &want {
+        let direct = rules.iter().all(|r| super::direct::encodable(r))
+            && !sticky_chains.contains(chain.as_str())
+            && !rules
+                .iter()
+                .filter_map(|r| super::restore::rule_target(r))
+                .any(|t| sticky_chains.contains(t));
+        assert_eq!(created.contains(chain.as_str()), direct, "{chain}");
+    }
+    assert!(created.contains(MARK_MASQ));
+    assert!(created.len() > 1000, "{}", created.len());
+    // The rest in one plain restore (few chains left: no -S), with the jumps.
+    let v4: Vec<&String> = f
+        .inputs
+        .iter()
+        .filter(|(fam, _)| *fam == IpFamily::V4)
+        .map(|(_, i)| i)
+        .collect();
+    assert_eq!(v4.len(), 1);
+    assert!(!v4[0].lines().any(|l| l == "-S"));
+    let nat_block = v4[0]
+        .split("*nat\n")
+        .nth(1)
+        .unwrap()
+        .split("COMMIT")
+        .next()
+        .unwrap();
+    for chain in &created {
+        assert!(
+            !nat_block.contains(&format!(":{chain} ")),
+            "{chain} restored too"
+        );
+    }
+    // The kernel holds the layout, whoever wrote it; the stats count both.
+    let held = &f.families[&IpFamily::V4].tables["nat"];
+    for (chain, rules) in &want {
+        let got: Vec<&String> = held
+            .rules
+            .iter()
+            .filter(|(c, _)| c == chain)
+            .map(|(_, r)| r)
+            .collect();
+        assert_eq!(got, rules.iter().collect::<Vec<_>>(), "{chain}");
+    }
+    assert_eq!(jump_count(f, "nat", "PREROUTING", SERVICES), 1);
+    assert!(!held.chains.contains("KUBE-SEP-STALESTALESTALE1"));
+    let mut restored_only = IptablesBackend::new(FakeIptables {
+        style: Style::Nft,
+        ..foreign()
+    });
+    let r2 = restored_only.sync(&s, Scope::All).unwrap();
+    assert_eq!(r.stats, r2.stats, "{} / {}", r.summary(), r2.summary());
+    // Each chain holds what a restore alone leaves (the fake keeps rules of different
+    // chains in write order, which differs).
+    let other = &restored_only.executor().families[&IpFamily::V4];
+    for (name, table) in &f.families[&IpFamily::V4].tables {
+        let theirs = &other.tables[name];
+        assert!(table.chains == theirs.chains, "{name}: chains differ");
+        assert!(
+            table.rules_by_chain() == theirs.rules_by_chain(),
+            "{name}: rules differ"
+        );
+    }
+    // A partial sync never creates directly.
+    let mut s2 = s.clone();
+    crate::synth::replace_endpoint(&mut s2, 3, 3, 1);
+    let changed = BTreeSet::from([("bench".to_string(), "svc-3".to_string())]);
+    b.sync(&s2, Scope::Services(&changed)).unwrap();
+    assert_eq!(b.executor().created.len(), 1);
+}
+
+/// When a direct write fails, the sync is done again in full through the restore, and
+/// later syncs do not try again.
+#[test]
+fn a_refused_direct_write_falls_back_to_the_restore_for_good() {
+    use super::restore::Style;
+    let s = crate::synth::cluster(100, 10);
+    let mut b = IptablesBackend::new(FakeIptables {
+        style: Style::NftDirect,
+        refuse_direct: true,
+        ..foreign()
+    });
+    b.sync(&s, Scope::All).unwrap();
+    let f = b.executor();
+    assert_eq!(f.created.len(), 1);
+    let held = &f.families[&IpFamily::V4].tables["nat"];
+    for (chain, rules) in &nat(&s) {
+        let got = held.rules.iter().filter(|(c, _)| c == chain).count();
+        assert_eq!(got, rules.len(), "{chain}");
+    }
+    // Whole-table style, as without direct writes.
+    assert!(f.inputs.iter().any(|(_, i)| i.lines().any(|l| l == "-S")));
+    b.cleanup().unwrap();
+    b.sync(&s, Scope::Full).unwrap();
+    assert_eq!(b.executor().created.len(), 1, "not tried again");
+}
