@@ -6,9 +6,9 @@
 //! in userspace, most of it walking 512-bucket hash tables of chain names in which every
 //! new chain misses; the kernel's share is about 4.5 s. Only the rule shapes our layout
 //! writes into endpoint and service chains are encoded (addresses, protocol, `-m tcp/udp`
-//! with or without `--dport`, comments, `-m statistic` random, jumps, DNAT, MARK
-//! `--or-mark`); [`encodable`] says which, and any other rule leaves its chain to the
-//! restore. The `nftables` crate drives `nft`, which cannot write xtables matches and
+//! with or without `--dport`, comments, `-m statistic` random, jumps, DNAT to an address
+//! and port, MARK `--or-mark`); [`encodable`] says which, and any other rule leaves its
+//! chain to the restore. The `nftables` crate drives `nft`, which cannot write xtables matches and
 //! targets, so this speaks netlink itself (netlink-sys's socket, as the nft reader does).
 
 use super::render::TableName;
@@ -79,7 +79,7 @@ enum Match {
 #[derive(Debug, PartialEq)]
 enum Target<'a> {
     Jump(&'a str),
-    Dnat(Ipv4Addr, Option<u16>),
+    Dnat(Ipv4Addr, u16),
     OrMark(u32),
 }
 
@@ -198,13 +198,10 @@ fn parse(rule: &str) -> Option<Rule<'_>> {
                         if it.next()? != "--to-destination" {
                             return None;
                         }
-                        let to = it.next()?;
-                        match to.split_once(':') {
-                            Some((ip, port)) => {
-                                Target::Dnat(ip.parse().ok()?, Some(port.parse().ok()?))
-                            }
-                            None => Target::Dnat(to.parse().ok()?, None),
-                        }
+                        // Every endpoint we write has a port; the address-only form is
+                        // left to the restore rather than encoded untested.
+                        let (ip, port) = it.next()?.split_once(':')?;
+                        Target::Dnat(ip.parse().ok()?, port.parse().ok()?)
                     }
                     "MARK" => {
                         if it.next()? != "--or-mark" {
@@ -511,17 +508,14 @@ fn expressions(e: &mut Attrs<'_>, r: &Rule<'_>) {
             });
         }),
         Target::Dnat(ip, port) => {
-            // nf_nat_range2: flags (MAP_IPS, PROTO_SPECIFIED), the address range, the
+            // nf_nat_range2: flags (MAP_IPS | PROTO_SPECIFIED), the address range, the
             // port range and a base port, padded to 48.
             let mut info = [0u8; 48];
-            let flags: u32 = if port.is_some() { 3 } else { 1 };
-            info[0..4].copy_from_slice(&flags.to_ne_bytes());
+            info[0..4].copy_from_slice(&3u32.to_ne_bytes());
             info[4..8].copy_from_slice(&ip.octets());
             info[20..24].copy_from_slice(&ip.octets());
-            if let Some(port) = port {
-                info[36..38].copy_from_slice(&port.to_be_bytes());
-                info[38..40].copy_from_slice(&port.to_be_bytes());
-            }
+            info[36..38].copy_from_slice(&port.to_be_bytes());
+            info[38..40].copy_from_slice(&port.to_be_bytes());
             e.xt("target", "DNAT", 2, &info);
         }
         Target::OrMark(m) => {
@@ -634,7 +628,6 @@ mod tests {
         for ok in [
             "-s 10.0.0.1/32 -j KUBE-MARK-MASQ",
             "-m tcp -p tcp -j DNAT --to-destination 10.0.0.1:8080",
-            "-m udp -p udp -j DNAT --to-destination 10.0.0.1",
             "-m comment --comment \"ns/svc:http cluster IP\" -m tcp -p tcp -d 172.16.0.1/32 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ",
             "-m statistic --mode random --probability 0.1000000000 -j KUBE-SEP-AAAA",
             "-j KUBE-SEP-AAAA",
@@ -649,6 +642,7 @@ mod tests {
             "-j MASQUERADE --random-fully",
             "-m addrtype --dst-type LOCAL -j KUBE-NODEPORTS",
             "-s fd00::1/128 -j KUBE-MARK-MASQ",
+            "-m udp -p udp -j DNAT --to-destination 10.0.0.1",
             "-m tcp -p udp -j DNAT --to-destination 10.0.0.1:80",
             "! -p tcp -j KUBE-MARK-MASQ",
             "-s 0.0.0.0/0 -j KUBE-MARK-MASQ",
