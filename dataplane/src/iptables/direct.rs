@@ -72,8 +72,12 @@ enum Match {
         dport: Option<u16>,
     },
     Comment(String),
-    /// `-m statistic --mode random --probability p`, as the kernel's 2^31 fixed point.
-    Random(Option<u32>),
+    /// `-m statistic --mode random --probability p`, the probability as the kernel's 2^31
+    /// fixed point; both options are required, in that order.
+    Random {
+        mode: bool,
+        probability: Option<u32>,
+    },
 }
 
 #[derive(Debug, PartialEq)]
@@ -157,7 +161,10 @@ fn parse(rule: &str) -> Option<Rule<'_>> {
                     dport: None,
                 },
                 "comment" => Match::Comment(String::new()),
-                "statistic" => Match::Random(None),
+                "statistic" => Match::Random {
+                    mode: false,
+                    probability: None,
+                },
                 _ => return None,
             }),
             "--dport" => match r.matches.last_mut() {
@@ -177,12 +184,21 @@ fn parse(rule: &str) -> Option<Rule<'_>> {
                 }
                 _ => return None,
             },
-            "--mode" => match (r.matches.last(), it.next()?) {
-                (Some(Match::Random(None)), "random") => {}
+            "--mode" => match (r.matches.last_mut(), it.next()?) {
+                (
+                    Some(Match::Random {
+                        mode: m @ false,
+                        probability: None,
+                    }),
+                    "random",
+                ) => *m = true,
                 _ => return None,
             },
             "--probability" => match r.matches.last_mut() {
-                Some(Match::Random(p @ None)) => {
+                Some(Match::Random {
+                    mode: true,
+                    probability: p @ None,
+                }) => {
                     let v: f64 = it.next()?.parse().ok()?;
                     if !(0.0..=1.0).contains(&v) {
                         return None;
@@ -207,8 +223,8 @@ fn parse(rule: &str) -> Option<Rule<'_>> {
                         if it.next()? != "--or-mark" {
                             return None;
                         }
-                        let m = it.next()?;
-                        let m = m.strip_prefix("0x").unwrap_or(m);
+                        // We write marks in hex; anything else is the restore's to parse.
+                        let m = it.next()?.strip_prefix("0x")?;
                         Target::OrMark(u32::from_str_radix(m, 16).ok()?)
                     }
                     chain if chain.starts_with("KUBE-") => {
@@ -234,7 +250,9 @@ fn parse(rule: &str) -> Option<Rule<'_>> {
                 }
             }
             Match::Comment(c) if c.is_empty() => return None,
-            Match::Random(None) => return None,
+            Match::Random {
+                probability: None, ..
+            } => return None,
             _ => {}
         }
     }
@@ -482,10 +500,10 @@ fn expressions(e: &mut Attrs<'_>, r: &Rule<'_>) {
                 info[..c.len()].copy_from_slice(c.as_bytes());
                 e.xt("match", "comment", 0, &info);
             }
-            Match::Random(p) => {
+            Match::Random { probability, .. } => {
                 // xt_statistic_info: mode, flags, then every (= the probability),
                 // packet, count (iptables sets every - packet), and the kernel's pointer.
-                let p = p.unwrap_or(0);
+                let p = probability.unwrap_or(0);
                 let mut info = [0u8; 24];
                 info[4..8].copy_from_slice(&p.to_ne_bytes());
                 info[12..16].copy_from_slice(&p.to_ne_bytes());
@@ -648,6 +666,8 @@ mod tests {
             "-s 0.0.0.0/0 -j KUBE-MARK-MASQ",
             "-j ACCEPT",
             "-m statistic --mode nth --every 2 -j KUBE-SEP-AAAA",
+            "-m statistic --probability 0.5 -j KUBE-SEP-AAAA",
+            "-j MARK --or-mark 16384",
             "-m comment --comment \"unterminated -j KUBE-SEP-AAAA",
         ] {
             assert!(!encodable(not), "{not}");
