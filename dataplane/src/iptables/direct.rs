@@ -22,6 +22,7 @@ const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_APPEND: u16 = 0x800;
@@ -35,9 +36,10 @@ const NFT_JUMP: u32 = 0xffff_fffd;
 pub enum DirectError {
     #[error("nf_tables netlink socket: {0}")]
     Socket(#[source] std::io::Error),
-    #[error("nf_tables refused the batch creating {chains} chains: {source}")]
+    #[error("nf_tables refused the batch creating {chains} chains, at {what}: {source}")]
     Refused {
         chains: usize,
+        what: String,
         #[source]
         source: std::io::Error,
     },
@@ -105,6 +107,12 @@ fn words(rule: &str) -> Option<Vec<String>> {
     Some(words.into_iter().map(|(w, _)| w).collect())
 }
 
+/// A port as iptables reads it: plain decimal (a leading zero would be octal to it).
+fn number(s: &str) -> Option<u16> {
+    let plain = s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    plain.then(|| s.parse().ok()).flatten()
+}
+
 fn parse_addr(s: &str, negated: bool) -> Option<Addr> {
     let (ip, prefix) = match s.split_once('/') {
         Some((ip, p)) => (ip, p.parse().ok()?),
@@ -170,14 +178,17 @@ fn parse(rule: &str) -> Option<Rule<'_>> {
             "--dport" => match r.matches.last_mut() {
                 Some(Match::Port {
                     dport: d @ None, ..
-                }) => *d = Some(it.next()?.parse().ok()?),
+                }) => *d = Some(number(it.next()?)?),
                 _ => return None,
             },
             "--comment" => match r.matches.last_mut() {
                 Some(Match::Comment(c)) if c.is_empty() => {
                     let text = it.next()?;
-                    // xt_comment holds 255 bytes and a NUL.
-                    if text.is_empty() || text.len() > 255 {
+                    // xt_comment holds 255 bytes and a NUL; the words dropped runs of
+                    // blanks, which iptables keeps, so the text must stand as it was.
+                    let verbatim = rule.contains(&format!("\"{text}\""))
+                        || !text.contains(' ') && rule.contains(text);
+                    if text.is_empty() || text.len() > 255 || !verbatim {
                         return None;
                     }
                     *c = text.to_string();
@@ -217,7 +228,7 @@ fn parse(rule: &str) -> Option<Rule<'_>> {
                         // Every endpoint we write has a port; the address-only form is
                         // left to the restore rather than encoded untested.
                         let (ip, port) = it.next()?.split_once(':')?;
-                        Target::Dnat(ip.parse().ok()?, port.parse().ok()?)
+                        Target::Dnat(ip.parse().ok()?, number(port)?)
                     }
                     "MARK" => {
                         if it.next()? != "--or-mark" {
@@ -238,6 +249,10 @@ fn parse(rule: &str) -> Option<Rule<'_>> {
             _ => return None,
         }
         negated = false;
+    }
+    // A `!` before nothing, or a DNAT without the protocol iptables requires for a port.
+    if negated || (matches!(target, Some(Target::Dnat(..))) && r.proto.is_none()) {
+        return None;
     }
     r.target = target?;
     for m in &r.matches {
@@ -355,8 +370,51 @@ pub struct Batch {
     seq: u32,
     family: u8,
     table: &'static str,
+    /// Where the last message starts (its flags get the acknowledgement request).
+    last: usize,
+    /// What each message after the table's does, by sequence number from `first`: a
+    /// chain created, or a rule appended to one (so that an error can name it).
+    first: u32,
+    steps: Vec<Step>,
+    names: Vec<String>,
+    index: std::collections::HashMap<String, u32>,
     pub chains: usize,
     pub rules: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Chain(u32),
+    Rule(u32),
+}
+
+/// A closed batch: its bytes, the message whose acknowledgement says it committed, and
+/// what each message does.
+pub struct Finished {
+    bytes: Vec<u8>,
+    ack: u32,
+    table: &'static str,
+    first: u32,
+    steps: Vec<Step>,
+    names: Vec<String>,
+    pub chains: usize,
+}
+
+impl Finished {
+    /// The object message `seq` was about, for an error.
+    fn what(&self, seq: u32) -> String {
+        let name = |i: u32| self.names.get(i as usize).map_or("?", String::as_str);
+        match seq
+            .checked_sub(self.first)
+            .and_then(|k| self.steps.get(k as usize))
+        {
+            Some(Step::Chain(i)) => format!("table {} chain {}: creating it", self.table, name(*i)),
+            Some(Step::Rule(i)) => {
+                format!("table {} chain {}: appending a rule", self.table, name(*i))
+            }
+            None => format!("table {}", self.table),
+        }
+    }
 }
 
 impl Batch {
@@ -372,6 +430,11 @@ impl Batch {
             seq: 0,
             family: AF_INET,
             table: table.as_str(),
+            last: 0,
+            first: 0,
+            steps: Vec::new(),
+            names: Vec::new(),
+            index: Default::default(),
             chains: 0,
             rules: 0,
         };
@@ -391,6 +454,7 @@ impl Batch {
             0,
             |a| a.str(1, table),
         );
+        b.first = b.seq + 1;
         Ok(b)
     }
 
@@ -404,6 +468,7 @@ impl Batch {
     ) {
         self.seq += 1;
         let at = self.buf.len();
+        self.last = at;
         self.buf.extend_from_slice(&[0; 4]);
         self.buf.extend_from_slice(&ty.to_ne_bytes());
         self.buf.extend_from_slice(&flags.to_ne_bytes());
@@ -429,6 +494,10 @@ impl Batch {
                 a.str(3, chain);
             },
         );
+        let i = self.names.len() as u32;
+        self.names.push(chain.to_string());
+        self.index.insert(chain.to_string(), i);
+        self.steps.push(Step::Chain(i));
         self.chains += 1;
     }
 
@@ -453,12 +522,19 @@ impl Batch {
                 });
             },
         );
+        let i = self.index.get(chain).copied().unwrap_or(u32::MAX);
+        self.steps.push(Step::Rule(i));
         self.rules += 1;
         true
     }
 
-    /// The batch, closed, ready to send.
-    pub fn finish(mut self) -> Vec<u8> {
+    /// The batch, closed, ready to send: its last change asks for an acknowledgement,
+    /// which the kernel sends only when the whole batch committed.
+    pub fn finish(mut self) -> Finished {
+        let flags = self.last + 6;
+        let f = u16::from_ne_bytes([self.buf[flags], self.buf[flags + 1]]) | NLM_F_ACK;
+        self.buf[flags..flags + 2].copy_from_slice(&f.to_ne_bytes());
+        let ack = self.seq;
         self.message(
             NFNL_MSG_BATCH_END,
             NLM_F_REQUEST,
@@ -466,7 +542,15 @@ impl Batch {
             NFNL_SUBSYS_NFTABLES,
             |_| {},
         );
-        self.buf
+        Finished {
+            bytes: self.buf,
+            ack,
+            table: self.table,
+            first: self.first,
+            steps: self.steps,
+            names: self.names,
+            chains: self.chains,
+        }
     }
 }
 
@@ -547,12 +631,19 @@ fn expressions(e: &mut Attrs<'_>, r: &Rule<'_>) {
 }
 
 /// Sends `batch` and waits for nf_tables' verdict on it: the kernel handles a batch
-/// inside the send, so every error it reports is queued by the time the send returns.
-pub fn send(batch: &[u8], chains: usize) -> Result<(), DirectError> {
+/// inside the send, so by the time the send returns it has queued an error for each
+/// message it refused, or the acknowledgement of the last one if the batch committed.
+pub fn send(batch: &Finished) -> Result<(), DirectError> {
+    let refused = |source: std::io::Error, what: String| DirectError::Refused {
+        chains: batch.chains,
+        what,
+        source,
+    };
     let socket = Socket::new(NETLINK_NETFILTER).map_err(DirectError::Socket)?;
     // The whole batch is one message, so the send buffer must hold it (a cold 10k x 10
     // load is about 40 MiB); forcing it past wmem_max takes CAP_NET_ADMIN, which we have.
-    let size = batch
+    let bytes = &batch.bytes;
+    let size = bytes
         .len()
         .saturating_add(1 << 16)
         .min(i32::MAX as usize / 2);
@@ -560,44 +651,47 @@ pub fn send(batch: &[u8], chains: usize) -> Result<(), DirectError> {
         .map_err(|e| DirectError::Socket(e.into()))?;
     let kernel = SocketAddr::new(0, 0);
     let sent = socket
-        .send_to(batch, &kernel, 0)
-        .map_err(|source| DirectError::Refused { chains, source })?;
-    if sent != batch.len() {
-        return Err(DirectError::Refused {
-            chains,
-            source: std::io::Error::other(format!("sent {sent} of {} bytes", batch.len())),
-        });
+        .send_to(bytes, &kernel, 0)
+        .map_err(|e| refused(e, batch.what(0)))?;
+    if sent != bytes.len() {
+        let e = std::io::Error::other(format!("sent {sent} of {} bytes", bytes.len()));
+        return Err(refused(e, batch.what(0)));
     }
     socket.set_non_blocking(true).map_err(DirectError::Socket)?;
     let mut buf = vec![0u8; 1 << 16];
     loop {
         let n = match socket.recv(&mut &mut buf[..], 0) {
             Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
-            Err(source) => return Err(DirectError::Refused { chains, source }),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let e = std::io::Error::other("no acknowledgement: the batch did not commit");
+                return Err(refused(e, batch.what(0)));
+            }
+            Err(e) => return Err(refused(e, batch.what(0))),
         };
         let mut off = 0;
-        while off + 20 <= n {
-            let len = u32::from_ne_bytes([buf[off], buf[off + 1], buf[off + 2], buf[off + 3]]);
+        while off + 16 <= n {
+            let word = |at: usize| {
+                buf.get(at..at + 4)
+                    .map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            };
+            let len = word(off) as usize;
             let ty = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
             if ty == NLMSG_ERROR {
-                let code = i32::from_ne_bytes([
-                    buf[off + 16],
-                    buf[off + 17],
-                    buf[off + 18],
-                    buf[off + 19],
-                ]);
+                // nlmsgerr: the error, then the header of the message it answers.
+                let code = word(off + 16) as i32;
+                let seq = word(off + 28);
                 if code != 0 {
-                    return Err(DirectError::Refused {
-                        chains,
-                        source: std::io::Error::from_raw_os_error(-code),
-                    });
+                    let e = std::io::Error::from_raw_os_error(-code);
+                    return Err(refused(e, batch.what(seq)));
+                }
+                if seq == batch.ack {
+                    return Ok(());
                 }
             }
             if len < 16 {
                 break;
             }
-            off += (len as usize + 3) & !3;
+            off += (len + 3) & !3;
         }
     }
 }
@@ -661,6 +755,11 @@ mod tests {
             "-m addrtype --dst-type LOCAL -j KUBE-NODEPORTS",
             "-s fd00::1/128 -j KUBE-MARK-MASQ",
             "-m udp -p udp -j DNAT --to-destination 10.0.0.1",
+            "-j DNAT --to-destination 10.0.0.1:80",
+            "-m tcp -p tcp -j DNAT --to-destination 10.0.0.1:080",
+            "-m tcp -p tcp --dport +80 -j KUBE-SVC-X",
+            "-m comment --comment \"two  spaces\" -j KUBE-SVC-X",
+            "-j KUBE-SVC-X !",
             "-m tcp -p udp -j DNAT --to-destination 10.0.0.1:80",
             "! -p tcp -j KUBE-MARK-MASQ",
             "-s 0.0.0.0/0 -j KUBE-MARK-MASQ",

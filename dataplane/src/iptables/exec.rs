@@ -117,6 +117,27 @@ fn program(family: IpFamily, variant: Variant, op: &str) -> String {
     }
 }
 
+/// Whether this node's iptables-nft encodes rules as [`super::direct`] writes them: only
+/// 1.8.9 is checked byte for byte (1.8.7 cannot read native port matches back; 1.8.11
+/// adds rule userdata), so any other version, or none, keeps every chain in the restore.
+fn encodes_like_direct_writes() -> bool {
+    static CHECKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHECKED.get_or_init(|| {
+        let version = run("iptables-nft", &["--version"], None)
+            .map(|(ok, stdout, _)| if ok { stdout } else { String::new() })
+            .unwrap_or_default();
+        let known = version.starts_with("iptables v1.8.9 (nf_tables)");
+        if !known {
+            tracing::info!(
+                "iptables-nft {:?}: chains go through iptables-nft-restore only (direct \
+                 writes are checked against 1.8.9)",
+                version.trim()
+            );
+        }
+        known
+    })
+}
+
 /// Runs `prog args`, feeding `stdin`; (success, stdout, stderr).
 fn run(
     prog: &str,
@@ -271,7 +292,8 @@ impl IptablesExecutor for IptablesCommand {
 
     fn style(&self) -> Style {
         match self.variant {
-            Variant::Nft => Style::NftDirect,
+            Variant::Nft if encodes_like_direct_writes() => Style::NftDirect,
+            Variant::Nft => Style::Nft,
             Variant::Legacy => Style::Plain,
         }
     }
@@ -300,8 +322,7 @@ impl IptablesExecutor for IptablesCommand {
                 }
             }
         }
-        let n = batch.chains;
-        send(&batch.finish(), n)?;
+        send(&batch.finish())?;
         Ok(())
     }
 

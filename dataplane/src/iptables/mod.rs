@@ -141,6 +141,12 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
                 Input::Create { table, chains } => self
                     .exec
                     .create_chains(family, *table, chains)
+                    .inspect(|()| {
+                        tracing::info!(
+                            "{family}: {} new chains created directly over nf_tables netlink",
+                            chains.len()
+                        )
+                    })
                     .inspect_err(|e| {
                         tracing::warn!(
                             "{family}: creating {} chains directly failed, so chains go \
@@ -154,11 +160,16 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
                 Ok(()) => {}
                 // What a refused step committed before is read back with the rest: this
                 // sync starts over, in full, without what was refused.
+                // Drift found before stays found: what was repaired meanwhile hides it.
                 Err(_) if matches!(input, Input::Create { .. }) => {
-                    return self.sync_family(desired, jumps, None, applied_before, family);
+                    return self
+                        .sync_family(desired, jumps, None, applied_before, family)
+                        .map(|(s, d)| (s, d || drift));
                 }
                 Err(e) if self.refused_whole_table(&e) => {
-                    return self.sync_family(desired, jumps, None, applied_before, family);
+                    return self
+                        .sync_family(desired, jumps, None, applied_before, family)
+                        .map(|(s, d)| (s, d || drift));
                 }
                 Err(e) => return Err(e),
             }
