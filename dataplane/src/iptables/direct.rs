@@ -13,20 +13,19 @@
 
 use super::render::TableName;
 use crate::model::IpFamily;
+use crate::nft::netlink::{
+    NFNL_SUBSYS_NFTABLES, NFT_MSG_GETRULE, NLMSG_ERROR, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 use std::net::Ipv4Addr;
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_NEWRULE: u16 = 6;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_APPEND: u16 = 0x800;
-const NLMSG_ERROR: u16 = 2;
 const NLA_F_NESTED: u16 = 0x8000;
 const AF_INET: u8 = 2;
 const NFT_JUMP: u32 = 0xffff_fffd;
@@ -641,7 +640,7 @@ pub fn send(batch: &Finished) -> Result<(), DirectError> {
     };
     let socket = Socket::new(NETLINK_NETFILTER).map_err(DirectError::Socket)?;
     // The whole batch is one message, so the send buffer must hold it (a cold 10k x 10
-    // load is about 40 MiB); forcing it past wmem_max takes CAP_NET_ADMIN, which we have.
+    // load is about 110 MiB); forcing it past wmem_max takes CAP_NET_ADMIN, which we have.
     let bytes = &batch.bytes;
     let size = bytes
         .len()
@@ -704,8 +703,6 @@ pub fn dump_expressions(
     table: TableName,
 ) -> Result<std::collections::BTreeMap<String, Vec<Vec<u8>>>, DirectError> {
     use crate::nft::netlink::{find, Reader};
-    const NFT_MSG_GETRULE: u16 = 7;
-    const NLM_F_DUMP: u16 = 0x300;
     if family != IpFamily::V4 {
         return Err(DirectError::Unsupported(format!("{family}: IPv4 only")));
     }

@@ -15,19 +15,19 @@ use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub(crate) const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_GETCHAIN: u16 = 4;
-const NFT_MSG_GETRULE: u16 = 7;
+pub(crate) const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_GETSET: u16 = 10;
 const NFT_MSG_GETSETELEM: u16 = 13;
 pub(super) const NFT_MSG_GETGEN: u16 = 16;
 
-pub(super) const NLM_F_REQUEST: u16 = 0x1;
+pub(crate) const NLM_F_REQUEST: u16 = 0x1;
 pub(crate) const NLM_F_ACK: u16 = 0x4;
 pub(crate) const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_DUMP_INTR: u16 = 0x10;
-pub(super) const NLMSG_ERROR: u16 = 2;
+pub(crate) const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 
 const RECV_BUFFER: usize = 1 << 16;
