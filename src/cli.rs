@@ -13,6 +13,9 @@ pub struct Cli {
     /// Log level filter (error, warn, info, debug, trace); RUST_LOG overrides it.
     #[arg(long, global = true, default_value = "info")]
     pub log_level: String,
+    /// Log format: text, or json (one JSON object per line).
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    pub logging_format: String,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -3,18 +3,20 @@
 use crate::agent::{self, AgentError};
 use crate::cli::{CleanupArgs, Command, Inputs, RunArgs, StatusArgs, SyncArgs, TraceArgs};
 use crate::config::{self, ConfigError, ProxyConfig, ProxyMode};
+use crate::kube_proxy_cli::{self, Action, Invocation};
 use crate::manifests::{self, ManifestError};
 use crate::nodeaddr::Interfaces;
 use crate::snapshot::{self, Skipped};
+use crate::{leftovers, node_setup};
 use dataplane::backend::{Backend, BackendError, Scope};
 use dataplane::conntrack::{self, Ctnetlink, UdpFrontends};
-use dataplane::iptables::exec::{IptablesCommand, IptablesError, Variant};
+use dataplane::iptables::exec::{IptablesCommand, IptablesError};
 use dataplane::iptables::IptablesBackend;
 use dataplane::ipvs::genl::GenlError;
 use dataplane::ipvs::kernel::{IpvsError, RealIpvs, DUMMY};
 use dataplane::ipvs::{IpvsBackend, IpvsOptions};
-use dataplane::model::{IpFamily, Snapshot};
-use dataplane::nft::exec::{NftCommand, NftError};
+use dataplane::model::Snapshot;
+use dataplane::nft::exec::NftCommand;
 use dataplane::nft::NftBackend;
 
 /// Errors that end a command.
@@ -40,6 +42,13 @@ pub enum CommandError {
         value: String,
         message: &'static str,
     },
+    #[error("--write-config-to {}: {source}", path.display())]
+    WriteConfig {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("init: {0}")]
+    Init(String),
     #[error("status: cannot read the agent's metrics at {addr} (--metrics-address): {source}")]
     Status {
         addr: String,
@@ -64,9 +73,7 @@ fn run_agent(args: &RunArgs) -> Result<(), CommandError> {
         Some(path) => agent::Source::Files(path.clone()),
         None => agent::Source::Kube(connection(args, &cfg)),
     };
-    let node = snapshot::node_name(&cfg);
-    agent::run(cfg, node, source)?;
-    Ok(())
+    start_agent(cfg, source)
 }
 
 /// How to reach the API server: the flags, else the configuration's kubeconfig.
@@ -74,6 +81,8 @@ fn connection(args: &RunArgs, cfg: &ProxyConfig) -> agent::kube_source::Connecti
     agent::kube_source::Connection {
         kubeconfig: args.kubeconfig.clone().or_else(|| cfg.kubeconfig.clone()),
         master: args.master.clone(),
+        qps: cfg.client.qps,
+        burst: cfg.client.burst,
     }
 }
 
@@ -206,81 +215,100 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-/// `cleanup --kube-proxy`: kube-proxy's nftables tables, and its iptables chains on each
-/// back end that has tables (the legacy one only when the kernel lists legacy tables, since
-/// looking would create them).
+/// `cleanup --kube-proxy`: kube-proxy's nftables tables, its iptables chains on each back
+/// end that has tables, and its IPVS services, kube-ipvs0 and ipsets.
 fn cleanup_kube_proxy() -> Result<(), CommandError> {
-    // Best effort: one part failing does not stop the others; the failures are reported
-    // together at the end.
-    let mut failed: Vec<String> = Vec::new();
-    let mut nft = NftCommand::default();
-    for family in IpFamily::ALL {
-        match nft.delete_foreign_table(family, "kube-proxy") {
-            Ok(true) => println!("cleanup: removed kube-proxy's nftables table ({family})"),
-            Ok(false) => {}
-            Err(NftError::Spawn { program, .. }) => {
-                println!("cleanup: {program} is not installed; no nftables tables to remove");
-                break;
-            }
-            Err(e) => failed.push(format!("nftables ({family}): {e}")),
-        }
+    let mut r = leftovers::kube_proxy_nftables();
+    let ipvs = leftovers::ipvs();
+    let ipt = leftovers::kube_iptables();
+    r.done.extend(ipvs.done.into_iter().chain(ipt.done));
+    r.failed.extend(ipvs.failed.into_iter().chain(ipt.failed));
+    report_removed(r)
+}
+
+fn report_removed(r: leftovers::Removed) -> Result<(), CommandError> {
+    for line in &r.done {
+        println!("cleanup: {line}");
     }
-    let legacy_tables =
-        std::fs::read_to_string("/proc/net/ip_tables_names").is_ok_and(|t| !t.trim().is_empty());
-    for variant in [Variant::Nft, Variant::Legacy] {
-        if variant == Variant::Legacy && !legacy_tables {
-            continue;
-        }
-        let mut backend = IptablesBackend::new(IptablesCommand::for_variant(Some(variant)));
-        match backend.cleanup_kube_proxy() {
-            Ok(removed) => println!(
-                "cleanup: removed {removed} kube-proxy iptables chains ({})",
-                variant.as_str()
-            ),
-            Err(BackendError::Iptables(IptablesError::Spawn { program, .. })) => {
-                println!("cleanup: {program} is not installed; nothing to remove there")
-            }
-            Err(e) => failed.push(format!("iptables-{}: {e}", variant.as_str())),
-        }
-    }
-    // IPVS services first: which ones are kube-proxy's is told by kube-ipvs0's addresses.
-    // Then kube-ipvs0, then the ipsets (the iptables rules naming them are gone by now).
-    let delete_link = |failed: &mut Vec<String>| match crate::rtnl::delete_link(DUMMY) {
-        Ok(true) => println!("cleanup: removed kube-proxy's {DUMMY} interface"),
-        Ok(false) => {}
-        Err(e) => failed.push(e),
-    };
-    match RealIpvs::open(Box::new(crate::ipvs_link::Rtnetlink)) {
-        // No IPVS in this kernel: kube-proxy cannot have left IPVS services or ipsets.
-        Err(IpvsError::Netlink(GenlError::NoIpvs)) => delete_link(&mut failed),
-        Err(e) => {
-            failed.push(format!("IPVS: {e}"));
-            delete_link(&mut failed);
-        }
-        Ok(mut ipvs) => {
-            match dataplane::ipvs::remove_ipvs(&mut ipvs, None, &[]) {
-                Ok((services, link)) => {
-                    if services > 0 {
-                        println!("cleanup: removed {services} kube-proxy IPVS virtual services");
-                    }
-                    if link {
-                        println!("cleanup: removed kube-proxy's {DUMMY} interface");
-                    }
-                }
-                Err(e) => failed.push(format!("IPVS: {e}")),
-            }
-            match dataplane::ipvs::destroy_sets(&mut ipvs) {
-                Ok(0) => {}
-                Ok(n) => println!("cleanup: removed {n} kube-proxy ipsets"),
-                Err(e) => failed.push(format!("ipset: {e}")),
-            }
-        }
-    }
-    if failed.is_empty() {
+    if r.failed.is_empty() {
         Ok(())
     } else {
-        Err(CommandError::Cleanup(failed.join("; ")))
+        Err(CommandError::Cleanup(r.failed.join("; ")))
     }
+}
+
+/// The binary run with kube-proxy's command line.
+pub fn kube_proxy(inv: Invocation) -> Result<(), CommandError> {
+    for note in &inv.notes {
+        tracing::warn!("{note}");
+    }
+    let cfg = inv.config;
+    match inv.action {
+        Action::Help => {
+            print!("{}", kube_proxy_cli::usage());
+            Ok(())
+        }
+        Action::Version { raw: false } => {
+            println!(
+                "Switchyard {} (kube-proxy {KUBE_PROXY_VERSION} compatible)",
+                env!("CARGO_PKG_VERSION")
+            );
+            Ok(())
+        }
+        Action::Version { raw: true } => {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "switchyard": env!("CARGO_PKG_VERSION"),
+                    "kubeProxyCompatibility": KUBE_PROXY_VERSION,
+                    "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+                })
+            );
+            Ok(())
+        }
+        Action::WriteConfig(path) => {
+            std::fs::write(&path, config::v1alpha1::to_yaml(&cfg)).map_err(|source| {
+                CommandError::WriteConfig {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+            tracing::info!("wrote the configuration to {}", path.display());
+            Ok(())
+        }
+        // As kube-proxy: every mode's rules, ours and its own, then exit.
+        Action::Cleanup => report_removed(leftovers::everything()),
+        Action::InitOnly => {
+            let applied = node_setup::run(&cfg);
+            if applied.failed.is_empty() {
+                Ok(())
+            } else {
+                Err(CommandError::Init(applied.failed.join("; ")))
+            }
+        }
+        Action::Run => {
+            let source = match inv.manifests {
+                Some(path) => agent::Source::Files(path),
+                None => agent::Source::Kube(agent::kube_source::Connection {
+                    kubeconfig: cfg.kubeconfig.clone(),
+                    master: inv.master,
+                    qps: cfg.client.qps,
+                    burst: cfg.client.burst,
+                }),
+            };
+            start_agent(cfg, source)
+        }
+    }
+}
+
+/// The kube-proxy release whose command line, configuration and behaviour Switchyard follows.
+pub const KUBE_PROXY_VERSION: &str = "v1.37.2";
+
+fn start_agent(cfg: ProxyConfig, source: agent::Source) -> Result<(), CommandError> {
+    node_setup::run(&cfg);
+    let node = snapshot::node_name(&cfg);
+    agent::run(cfg, node, source)?;
+    Ok(())
 }
 
 fn trace(args: &TraceArgs) -> Result<(), CommandError> {

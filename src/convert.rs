@@ -98,6 +98,21 @@ fn policy(raw: Option<&str>) -> TrafficPolicy {
 }
 
 /// Convert one Service into its service ports, one per port and family.
+/// [`service`] under the configuration's feature gates: with AllowServiceExternalIPs off,
+/// externalIPs are not programmed (kube-proxy: pkg/proxy/serviceport.go ExternalIPs).
+pub fn service_gated(
+    svc: &Service,
+    cfg: &crate::config::ProxyConfig,
+) -> Result<Vec<ServicePort>, Skip> {
+    let mut ports = service(svc)?;
+    if !cfg.gate("AllowServiceExternalIPs") {
+        for p in &mut ports {
+            p.external_ips.clear();
+        }
+    }
+    Ok(ports)
+}
+
 pub fn service(svc: &Service) -> Result<Vec<ServicePort>, Skip> {
     let meta = &svc.metadata;
     let ns = meta.namespace.as_deref().unwrap_or("default");

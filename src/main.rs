@@ -1,4 +1,5 @@
-//! `switchyard`: a thin entry point that dispatches into the agent's modules.
+//! `switchyard`: a thin entry point that dispatches into the agent's modules. Started as
+//! `kube-proxy`, or with a flag first, it takes kube-proxy's command line instead.
 #![forbid(unsafe_code)]
 
 mod agent;
@@ -6,8 +7,13 @@ mod cli;
 mod commands;
 mod config;
 mod convert;
+mod feature_gates;
 mod ipvs_link;
+mod kube_proxy_cli;
+mod leftovers;
+mod logging;
 mod manifests;
+mod node_setup;
 mod nodeaddr;
 mod rtnl;
 mod snapshot;
@@ -17,18 +23,40 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if kube_proxy_cli::wanted(&args) {
+        return kube_proxy_main(&args[1..]);
+    }
     let cli = cli::Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log_level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    logging::init(&cli.log_level, &cli.logging_format);
     match commands::run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("switchyard: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// kube-proxy's command line: an error in it is printed as kube-proxy prints its own, and
+/// exits 1, as kube-proxy does.
+fn kube_proxy_main(args: &[String]) -> ExitCode {
+    let inv = match kube_proxy_cli::invocation(args) {
+        Ok(inv) => inv,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    logging::init(
+        logging::level_for_verbosity(inv.config.logging.verbosity),
+        &inv.config.logging.format,
+    );
+    match commands::kube_proxy(inv) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("Error: {e}");
             ExitCode::FAILURE
         }
     }

@@ -118,20 +118,34 @@ pub fn node_config(
             .filter_map(|ip| IpNetwork::new(*ip, if ip.is_ipv4() { 32 } else { 128 }).ok())
             .collect()
     };
-    let node_port_addresses = if cfg.node_port_addresses.iter().any(|s| s == "primary")
-        // nftables mode defaults to the primary addresses, as kube-proxy's nftables mode does.
-        || (cfg.node_port_addresses.is_empty() && cfg.mode == ProxyMode::Nftables)
-    {
-        NodePortAddresses::Cidrs(primary())
-    } else if cfg.node_port_addresses.is_empty() {
+    // kube-proxy v1.37's keywords expand to CIDRs (primary: the node's primary address of
+    // each family; localhost: 127.0.0.0/8 and ::1/128; all: everything) and combine with
+    // literal CIDRs. Unset is primary in nftables mode, all in the others, as kube-proxy.
+    let entries: Vec<&str> = if cfg.node_port_addresses.is_empty() {
+        if cfg.mode == ProxyMode::Nftables {
+            vec!["primary"]
+        } else {
+            vec!["all"]
+        }
+    } else {
+        cfg.node_port_addresses.iter().map(String::as_str).collect()
+    };
+    let node_port_addresses = if entries.contains(&"all") {
         NodePortAddresses::All
     } else {
-        NodePortAddresses::Cidrs(
-            cfg.node_port_addresses
-                .iter()
-                .filter_map(|s| s.parse().ok())
-                .collect(),
-        )
+        let mut cidrs = Vec::new();
+        for e in entries {
+            match e {
+                "primary" => cidrs.extend(primary()),
+                "localhost" => cidrs.extend(
+                    ["127.0.0.0/8", "::1/128"]
+                        .iter()
+                        .filter_map(|c| c.parse::<IpNetwork>().ok()),
+                ),
+                cidr => cidrs.extend(cidr.parse::<IpNetwork>().ok()),
+            }
+        }
+        NodePortAddresses::Cidrs(cidrs)
     };
 
     let service_cidrs: Vec<IpNetwork> = service_cidrs
@@ -192,7 +206,7 @@ pub fn build(
         ..Snapshot::default()
     };
     for svc in &objs.services {
-        match convert::service(svc) {
+        match convert::service_gated(svc, cfg) {
             Ok(ports) => {
                 for p in ports {
                     snapshot.services.insert((p.name.clone(), p.family), p);

@@ -28,6 +28,9 @@ pub struct Connection {
     pub kubeconfig: Option<PathBuf>,
     /// Overrides the server address of the kubeconfig (kube-proxy's --master).
     pub master: Option<String>,
+    /// clientConnection.qps and burst (client-go's token bucket); zero qps: no limit.
+    pub qps: f32,
+    pub burst: i32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,8 +48,37 @@ pub enum ConnectError {
     Client(#[from] kube::Error),
 }
 
-/// Build the client as kube-proxy would: kubeconfig if given, else in-cluster.
+/// Build the client as kube-proxy would: kubeconfig if given, else in-cluster; rate-limited
+/// and counted as client-go's is when `metrics` are given.
+pub async fn client_with(
+    conn: &Connection,
+    metrics: Option<super::api_client::ClientMetrics>,
+) -> Result<Client, ConnectError> {
+    let config = config(conn).await?;
+    let Some(metrics) = metrics else {
+        return Ok(Client::try_from(config)?);
+    };
+    let host = match (config.cluster_url.host(), config.cluster_url.port_u16()) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        (Some(h), None) => h.to_string(),
+        _ => String::new(),
+    };
+    let layer = super::api_client::ApiClientLayer {
+        metrics,
+        limiter: std::sync::Arc::new(super::api_client::TokenBucket::new(conn.qps, conn.burst)),
+        host,
+    };
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&layer)
+        .build())
+}
+
+/// The client for one-off listings (`trace`): no limiter, no metrics.
 pub async fn client(conn: &Connection) -> Result<Client, ConnectError> {
+    client_with(conn, None).await
+}
+
+async fn config(conn: &Connection) -> Result<kube::Config, ConnectError> {
     let mut config = match &conn.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
@@ -72,7 +104,7 @@ pub async fn client(conn: &Connection) -> Result<Client, ConnectError> {
                     message: e.to_string(),
                 })?;
     }
-    Ok(Client::try_from(config)?)
+    Ok(config)
 }
 
 /// Everything the agent would watch, listed once (for `switchyard trace` against a live

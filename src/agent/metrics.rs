@@ -36,6 +36,8 @@ pub struct Metrics {
     pub programmed: GaugeVec,
     pub healthz: IntCounterVec,
     pub livez: IntCounterVec,
+    /// client-go's API client metrics.
+    pub client: super::api_client::ClientMetrics,
 }
 
 /// A metric could not be registered (a programming error: duplicate or malformed names).
@@ -86,7 +88,31 @@ impl Metrics {
             prometheus::process_collector::ProcessCollector::for_self(),
         ))?;
         let sync_help = |what: &str| format!("SyncProxyRules latency in seconds{what}");
+        let client = super::api_client::ClientMetrics {
+            requests: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "rest_client_requests_total",
+                        "Number of HTTP requests, partitioned by status code, method, and host.",
+                    ),
+                    &["code", "host", "method"],
+                )?,
+            )?,
+            duration: register(
+                &r,
+                prometheus::HistogramVec::new(
+                    HistogramOpts::new(
+                        "rest_client_request_duration_seconds",
+                        "Request latency in seconds. Broken down by verb, and host.",
+                    )
+                    .buckets(super::api_client::DURATION_BUCKETS.to_vec()),
+                    &["host", "verb"],
+                )?,
+            )?,
+        };
         Ok(Metrics {
+            client,
             sync_duration: histogram(
                 &r,
                 "kubeproxy_sync_proxy_rules_duration_seconds",

@@ -2,6 +2,7 @@
 //! into the object store, runs syncs when the schedule says so, and serves metrics and
 //! health.
 
+pub mod api_client;
 pub mod file_source;
 pub mod health;
 pub mod http;
@@ -92,6 +93,42 @@ async fn bind(field: &'static str, addr: &str) -> Result<tokio::net::TcpListener
         .map_err(|e| err(format!("cannot listen: {e}")))
 }
 
+/// Start one HTTP server. A port that cannot be bound stops the agent with
+/// bindAddressHardFail; otherwise, as kube-proxy does, it is logged and tried again every
+/// 5 s while the proxy runs.
+async fn serve(
+    field: &'static str,
+    addr: &str,
+    hard_fail: bool,
+    router: http::Router,
+) -> Result<(), AgentError> {
+    if addr.is_empty() {
+        return Ok(());
+    }
+    match bind(field, addr).await {
+        Ok(listener) => {
+            tokio::spawn(http::serve(listener, router));
+            Ok(())
+        }
+        Err(e) if hard_fail => Err(e),
+        Err(e) => {
+            tracing::error!("{e}; trying again every 5s (bindAddressHardFail is off)");
+            let addr = addr.to_string();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    if let Ok(listener) = bind(field, &addr).await {
+                        tracing::info!("{field} {addr}: listening");
+                        http::serve(listener, router).await;
+                        return;
+                    }
+                }
+            });
+            Ok(())
+        }
+    }
+}
+
 async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Result<(), AgentError> {
     let metrics = Metrics::new()?;
     let health = Arc::new(Mutex::new(Health::new(cfg.sync_period * 2)));
@@ -99,22 +136,32 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
     let mut sigint = signal(SignalKind::interrupt()).map_err(AgentError::Signals)?;
 
     // An empty address turns a server off, as in kube-proxy.
-    if !cfg.metrics_bind_address.is_empty() {
-        let listener = bind("metricsBindAddress", &cfg.metrics_bind_address).await?;
-        tokio::spawn(http::serve(listener, metrics_router(metrics.clone())));
-    }
-    if !cfg.healthz_bind_address.is_empty() {
-        let listener = bind("healthzBindAddress", &cfg.healthz_bind_address).await?;
-        tokio::spawn(http::serve(
-            listener,
-            health_router(health.clone(), metrics.clone()),
-        ));
-    }
+    let configz = crate::config::v1alpha1::configz(&cfg);
+    serve(
+        "metricsBindAddress",
+        &cfg.metrics_bind_address,
+        cfg.bind_address_hard_fail,
+        metrics_router(metrics.clone(), health.clone(), cfg.mode, configz),
+    )
+    .await?;
+    serve(
+        "healthzBindAddress",
+        &cfg.healthz_bind_address,
+        cfg.bind_address_hard_fail,
+        health_router(health.clone(), metrics.clone()),
+    )
+    .await?;
 
     let (tx, mut rx) = mpsc::channel::<Arrival>(4096);
     let source_name = match source {
         Source::Kube(conn) => {
-            let client = kube_source::client(&conn).await?;
+            if cfg.client.content_type.contains("protobuf") {
+                tracing::info!(
+                    "clientConnection.contentType {:?}: Switchyard's API client speaks JSON; using JSON",
+                    cfg.client.content_type
+                );
+            }
+            let client = kube_source::client_with(&conn, Some(metrics.client.clone())).await?;
             kube_source::spawn(client, &node_name, tx, metrics.clone());
             "API server"
         }
@@ -153,6 +200,7 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
         checked_tx,
         checking: false,
         suspect: BTreeSet::new(),
+        leftovers: Some(cfg.mode),
     };
     tracing::info!(
         "switchyard agent started: minSyncPeriod {:?}, syncPeriod {:?}; waiting for the initial lists",
@@ -197,7 +245,14 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-fn metrics_router(metrics: Metrics) -> http::Router {
+/// The metrics address, as kube-proxy's serves it: `/metrics`, `/healthz` (a ping: the
+/// process answers), `/livez`, `/proxyMode` and `/configz`.
+fn metrics_router(
+    metrics: Metrics,
+    health: Arc<Mutex<Health>>,
+    mode: ProxyMode,
+    configz: String,
+) -> http::Router {
     Arc::new(move |path| match path {
         "/metrics" => Some(http::Reply {
             status: 200,
@@ -205,6 +260,16 @@ fn metrics_router(metrics: Metrics) -> http::Router {
             body: metrics.render(),
             headers: Vec::new(),
         }),
+        "/healthz" | "/healthz/ping" => Some(http::Reply::text(200, "ok".into())),
+        "/livez" => {
+            let reply = health
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .livez(SystemTime::now());
+            Some(http::Reply::json(reply.status, reply.body))
+        }
+        "/proxyMode" => Some(http::Reply::text(200, mode.as_str().into())),
+        "/configz" => Some(http::Reply::json(200, configz.clone())),
         _ => None,
     })
 }
@@ -275,6 +340,9 @@ struct Agent {
     service_health: service_health::Servers,
     /// The UDP front ends as of the last conntrack cleanup.
     udp_frontends: UdpFrontends,
+    /// Until the first successful sync: the mode whose rules other modes' leftovers give
+    /// way to.
+    leftovers: Option<ProxyMode>,
 }
 
 /// The kernel as a background read found it (and the generation it was read at, if no
@@ -406,6 +474,19 @@ impl Agent {
 
     fn succeeded(&mut self, report: SyncReport, done: Instant) {
         let now = SystemTime::now();
+        if let Some(mode) = self.leftovers.take() {
+            // Once this mode serves, what other modes (kube-proxy's or ours) left goes, in
+            // the background: on a node taken over from kube-proxy it can be 10k chains.
+            tokio::task::spawn_blocking(move || {
+                let r = crate::leftovers::other_modes(mode);
+                for line in &r.done {
+                    tracing::info!("after the first sync: {line}");
+                }
+                for f in &r.failed {
+                    tracing::warn!("removing other proxies' rules: {f}");
+                }
+            });
+        }
         if let Dataplane::Iptables(ipt) = &self.backend {
             for (table, n) in ipt.rule_counts() {
                 self.metrics

@@ -307,7 +307,7 @@ impl Store {
         let kind = kind_of(&obj);
         let key = object_key(&obj);
         match obj {
-            Object::Service(svc) => match convert::service(&svc) {
+            Object::Service(svc) => match convert::service_gated(&svc, &self.cfg) {
                 Ok(ports) => {
                     self.invalid.remove(&(kind, key.clone()));
                     self.set_service(key, ports, now)
