@@ -439,3 +439,18 @@ fn values_the_schema_forbids_are_refused_naming_the_field() {
         assert!(err.contains(field), "{values}: {err}");
     }
 }
+
+/// Metrics on 127.0.0.1 by default, as kube-proxy binds them; a ServiceMonitor that could
+/// never reach them is refused with the value to set.
+#[test]
+fn metrics_bind_to_loopback_by_default_and_a_service_monitor_needs_them_reachable() {
+    let Some(r) = render(&json!({})) else { return };
+    let docs = documents(&r);
+    let cfg = check_config(&docs);
+    assert!(cfg.contains("metricsBindAddress: \"127.0.0.1:10249\""), "{cfg}");
+    let Some(r) = render(&json!({"prometheus": {"serviceMonitor": {"enabled": true}}})) else {
+        return;
+    };
+    let err = r["error"].as_str().expect("a loopback ServiceMonitor rendered");
+    assert!(err.contains("metrics.bindAddress=0.0.0.0"), "{err}");
+}
