@@ -2,6 +2,7 @@
 //! into the object store, runs syncs when the schedule says so, and serves metrics and
 //! health.
 
+pub mod fds;
 pub mod file_source;
 pub mod health;
 pub mod http;
@@ -70,12 +71,28 @@ pub enum AgentError {
 
 /// Run the agent until SIGTERM or SIGINT. The rules stay in the kernel when it stops.
 pub fn run(cfg: ProxyConfig, node_name: String, source: Source) -> Result<(), AgentError> {
+    // Before any thread or socket exists, so that everything after sees the raised limit.
+    open_files_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(AgentError::Runtime)?;
     rt.block_on(run_async(cfg, node_name, source))
+}
+
+/// Raises the soft open-files limit to the hard one and logs it.
+fn open_files_limit() {
+    match fds::raise() {
+        Ok(n) if n.soft != n.was => tracing::info!(
+            "open files limit {} (raised from {}; hard limit {})",
+            n.soft,
+            n.was,
+            n.hard
+        ),
+        Ok(n) => tracing::info!("open files limit {} (the hard limit)", n.soft),
+        Err(e) => tracing::warn!("{e}"),
+    }
 }
 
 async fn bind(field: &'static str, addr: &str) -> Result<tokio::net::TcpListener, AgentError> {
