@@ -1,7 +1,20 @@
-//! The open-files limit, raised to the hard limit at start: a busy node's sockets, pipes and
-//! files must not run into a soft limit of 1024 that the hard limit does not impose.
+//! The open-files limit: raised to the hard limit at start, and shared out so that
+//! connections accepted by the HTTP servers can never take the descriptors a sync needs.
 
 use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+
+/// Descriptors kept back for the sync path (netlink sockets, the pipes of `nft` and
+/// `iptables-restore`, manifest files, API client connections, the listeners themselves),
+/// at most half the limit.
+pub const RESERVE: u64 = 256;
+/// How many pools of HTTP connections share the budget: metrics, healthz, and the
+/// health-check node ports (all of them together).
+pub const POOLS: u64 = 3;
+/// The most connections one pool holds, however high the limit: no scraper or probe needs
+/// more, and each one costs memory.
+pub const POOL_MAX: usize = 512;
+/// The fewest, however low the limit: a probe must still get through.
+pub const POOL_MIN: usize = 4;
 
 /// Where the kernel caps a hard limit of "unlimited".
 const NR_OPEN: &str = "/proc/sys/fs/nr_open";
@@ -61,6 +74,17 @@ pub fn target(soft: u64, hard: u64, nr_open: Option<u64>) -> u64 {
     soft.max(ceiling)
 }
 
+/// How many connections each pool may hold under a soft limit of `soft`: half of what is
+/// left after the reserve, split between the pools, so that even with every pool full a
+/// sync has the reserve and as much again.
+pub fn per_pool(soft: u64) -> usize {
+    let reserve = RESERVE.min(soft / 2);
+    let accepted = soft.saturating_sub(reserve) / 2;
+    usize::try_from(accepted / POOLS)
+        .unwrap_or(POOL_MAX)
+        .clamp(POOL_MIN, POOL_MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,5 +100,23 @@ mod tests {
             target(RLIM_INFINITY, RLIM_INFINITY, Some(1_048_576)),
             RLIM_INFINITY
         );
+    }
+
+    #[test]
+    fn pools_leave_the_reserve_and_as_much_again() {
+        // The limit of the measured flood: 1,100 idle connections took every descriptor.
+        assert_eq!(per_pool(1024), 128);
+        assert_eq!(per_pool(256), 21);
+        assert_eq!(per_pool(524_288), POOL_MAX);
+        assert_eq!(per_pool(RLIM_INFINITY), POOL_MAX);
+        assert_eq!(per_pool(16), POOL_MIN);
+        assert_eq!(per_pool(0), POOL_MIN);
+        for soft in [64, 256, 1024, 2048, 4096] {
+            let all = per_pool(soft) as u64 * POOLS;
+            assert!(
+                soft - all >= RESERVE.min(soft / 2) + all,
+                "{soft}: {all} accepted"
+            );
+        }
     }
 }
