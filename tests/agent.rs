@@ -56,6 +56,10 @@ struct Agent {
     log: std::path::PathBuf,
     /// A directory put first on the agent's PATH (to inject a failing `nft`).
     path_first: Option<std::path::PathBuf>,
+    /// A command the agent runs under, inside the namespace (`prlimit --nofile=...`).
+    wrapper: Vec<String>,
+    /// More environment for the agent.
+    env: Vec<(&'static str, String)>,
     /// `mode` and `syncPeriod` of the agent's configuration.
     mode: &'static str,
     sync_period: &'static str,
@@ -85,6 +89,8 @@ impl Agent {
             child: None,
             log: std::path::PathBuf::new(),
             path_first: None,
+            wrapper: Vec::new(),
+            env: Vec::new(),
             mode: "nftables",
             sync_period: "2s",
         })
@@ -109,14 +115,11 @@ impl Agent {
             let path = std::env::var("PATH").unwrap_or_default();
             cmd.env("PATH", format!("{}:{path}", first.display()));
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let child = cmd
-            .args([
-                "netns",
-                "exec",
-                &ns,
-                env!("CARGO_BIN_EXE_switchyard"),
-                "run",
-            ])
+            .args(["netns", "exec", &ns])
+            .args(&self.wrapper)
+            .args([env!("CARGO_BIN_EXE_switchyard"), "run"])
             .arg("--config")
             .arg(&cfg)
             .args(source)
@@ -1104,4 +1107,240 @@ fn a_real_prometheus_scrapes_the_kube_proxy_metrics() {
     // Process metrics from the same endpoint.
     let rss = series(&query("process_resident_memory_bytes"));
     assert!(!rss.is_empty() && sample(&rss[0]) > 0.0, "{rss:?}");
+}
+
+/// Descriptors the process `pid` has open.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Reads each socket until the other side closes it, or until `deadline`: how long each
+/// stayed open after `opened` (`None`: still open).
+fn watch_closes(socks: Vec<(TcpStream, Instant)>, deadline: Instant) -> Vec<Option<Duration>> {
+    for (s, _) in &socks {
+        s.set_nonblocking(true).unwrap();
+    }
+    let mut closed = vec![None; socks.len()];
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline && closed.iter().any(Option::is_none) {
+        for (i, (s, opened)) in socks.iter().enumerate() {
+            if closed[i].is_some() {
+                continue;
+            }
+            match (&*s).read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Ok(n) if n > 0 => {}
+                // The end of the stream, or a reset.
+                _ => closed[i] = Some(opened.elapsed()),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    closed
+}
+
+/// Issue 25: 1,100 silent connections to :10256 took every descriptor of an agent limited to
+/// 1,024 open files, and every later sync failed. Here the agent runs with 256, and more
+/// connections than that are held to healthz, metrics and a health-check node port each:
+/// an edit is still programmed at once, the probes still answer at once (each new
+/// connection takes the place of the quietest), and the server closes the silent
+/// connections after the header-read timeout (shortened by the test-only variable).
+#[test]
+fn http_flood_of_idle_connections_starves_neither_syncs_nor_probes() {
+    const LIMIT: u64 = 256;
+    const FLOOD: usize = 300;
+    const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+    if which("prlimit").is_none() {
+        assert!(
+            std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
+            "prlimit (util-linux) is missing"
+        );
+        println!("SKIP: needs prlimit (util-linux)");
+        return;
+    }
+    // The test holds three floods itself.
+    let (_, hard) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.yaml");
+    let both = |endpoint: &str| {
+        format!(
+            "{}---{}",
+            manifests(endpoint),
+            health_check_manifests(Some("node-a"))
+        )
+    };
+    write_atomically(&cluster, &both("10.0.0.1"));
+    let Some(mut agent) = Agent::namespace("flood") else {
+        return;
+    };
+    agent.must("ip", &["addr", "add", "192.168.77.2/32", "dev", "lo"]);
+    agent.wrapper = vec!["prlimit".into(), format!("--nofile={LIMIT}:{LIMIT}")];
+    agent.env = vec![(
+        "SWITCHYARD_HTTP_HEADER_TIMEOUT_MS",
+        HEADER_TIMEOUT.as_millis().to_string(),
+    )];
+    agent.spawn(dir.path(), &["--manifests".as_ref(), cluster.as_os_str()]);
+    let hc = "192.168.77.2:30555";
+    agent.wait_ruleset("the first sync", |rs| rs.contains("10.0.0.1"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !matches!(agent.try_get(hc, "/"), Ok((200, _))) {
+        assert!(
+            Instant::now() < deadline,
+            "no health-check port\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = agent.child.as_ref().unwrap().id();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    assert!(
+        limits.lines().any(|l| l.starts_with("Max open files")
+            && l.split_whitespace()
+                .filter(|w| *w == LIMIT.to_string())
+                .count()
+                == 2),
+        "{limits}"
+    );
+    assert!(
+        agent.log().contains(&format!("open files limit {LIMIT}")),
+        "{}",
+        agent.log()
+    );
+    let before = open_fds(pid);
+
+    // More silent connections to each server than the agent may open files at all, in
+    // turns, so that all three pools are full when the probes come.
+    let targets = [HEALTH, METRICS, hc];
+    let started = Instant::now();
+    let (socks, refused) = netns::in_netns(&agent.ns, move || {
+        let mut all: Vec<(usize, TcpStream, Instant)> = Vec::new();
+        // A burst can overflow a listener's backlog (128) while the agent closes connections
+        // to make room; the kernel drops the SYN and the client sends it again after a
+        // second, as any client does. A server that stops accepting is another matter: a
+        // few connects that time out and the flood of that server is over.
+        let mut refused = [0usize; 3];
+        for _ in 0..FLOOD {
+            for (t, addr) in targets.iter().enumerate() {
+                if refused[t] >= 3 {
+                    continue;
+                }
+                let addr = addr.parse().unwrap();
+                match TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
+                    Ok(s) => all.push((t, s, Instant::now())),
+                    Err(_) => refused[t] += 1,
+                }
+            }
+        }
+        Ok((all, refused))
+    })
+    .expect("flood connections");
+    let flooded = started.elapsed();
+    let labels: Vec<usize> = socks.iter().map(|(t, _, _)| *t).collect();
+    let watch_until = Instant::now() + HEADER_TIMEOUT + Duration::from_secs(5);
+    let watcher = std::thread::spawn(move || {
+        watch_closes(
+            socks.into_iter().map(|(_, s, at)| (s, at)).collect(),
+            watch_until,
+        )
+    });
+    let mut most_fds = open_fds(pid);
+
+    // (b) The probes answer at once, each through a full pool.
+    let mut probes = Vec::new();
+    for (addr, path) in [
+        (HEALTH, "/livez"),
+        (HEALTH, "/healthz"),
+        (METRICS, "/metrics"),
+        (hc, "/"),
+    ] {
+        let t = Instant::now();
+        let (code, body) = agent.get(addr, path);
+        let took = t.elapsed();
+        assert_eq!(code, 200, "{addr}{path}: {body}\n{}", agent.log());
+        assert!(took < Duration::from_secs(1), "{addr}{path} took {took:?}");
+        probes.push(format!("{path} {took:?}"));
+        most_fds = most_fds.max(open_fds(pid));
+    }
+
+    // (a) An edit reaches the kernel at once: the sync path has its descriptors. Without
+    // the bounds every sync fails here until the connections go (5 s). Measured 0.1-0.65 s
+    // (the manifest poll is 200 ms); the bound leaves room for a loaded machine.
+    let t = Instant::now();
+    write_atomically(&cluster, &both("10.0.0.2"));
+    let programmed = loop {
+        if agent.ruleset().contains("10.0.0.2") {
+            break t.elapsed();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the edit was not programmed\n{}",
+            agent.log()
+        );
+        most_fds = most_fds.max(open_fds(pid));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        programmed < Duration::from_secs(2),
+        "programmed after {programmed:?}"
+    );
+
+    // (c) The server closes every silent connection: the newest ones after the header-read
+    // timeout, the older ones before, to make room for newer ones.
+    let closed = watcher.join().unwrap();
+    let mut summary = Vec::new();
+    for (t, addr) in targets.iter().enumerate() {
+        let mine: Vec<Option<Duration>> = labels
+            .iter()
+            .zip(&closed)
+            .filter(|(l, _)| **l == t)
+            .map(|(_, c)| *c)
+            .collect();
+        assert_eq!(mine.len(), FLOOD, "{addr}: {} connects failed", refused[t]);
+        let open = mine.iter().filter(|c| c.is_none()).count();
+        assert_eq!(open, 0, "{addr}: {open} connections never closed");
+        let timed_out: Vec<Duration> = mine
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|d| *d >= HEADER_TIMEOUT.mul_f64(0.8))
+            .collect();
+        let latest = timed_out.iter().max().copied().unwrap_or_default();
+        assert!(
+            !timed_out.is_empty(),
+            "{addr}: none was held to the timeout"
+        );
+        assert!(
+            latest < HEADER_TIMEOUT + Duration::from_secs(2),
+            "{addr}: one was held {latest:?}"
+        );
+        summary.push(format!(
+            "{addr}: {} closed to make room, {} at the timeout (latest {latest:?})",
+            FLOOD - timed_out.len(),
+            timed_out.len()
+        ));
+    }
+    // The reserve for the sync path (half the limit, here) was never touched.
+    assert!(
+        most_fds <= (LIMIT / 2) as usize,
+        "{most_fds} descriptors open under a limit of {LIMIT}"
+    );
+    let log = agent.log();
+    assert!(!log.contains("Too many open files"), "{log}");
+    let (_, text) = agent.get(METRICS, "/metrics");
+    assert!(
+        !text.contains("switchyard_sync_failures_total{"),
+        "a sync failed\n{text}\n{log}"
+    );
+    eprintln!(
+        "flood of {FLOOD} x 3 in {flooded:?}; agent descriptors {before} before, at most {most_fds} during; probes {}; edit programmed in {programmed:?}; {}",
+        probes.join(", "),
+        summary.join("; ")
+    );
+    let status = agent.terminate();
+    assert!(status.success(), "{status:?}\n{}", agent.log());
 }

@@ -447,10 +447,15 @@ fn metrics_bind_to_loopback_by_default_and_a_service_monitor_needs_them_reachabl
     let Some(r) = render(&json!({})) else { return };
     let docs = documents(&r);
     let cfg = check_config(&docs);
-    assert!(cfg.contains("metricsBindAddress: \"127.0.0.1:10249\""), "{cfg}");
+    assert!(
+        cfg.contains("metricsBindAddress: \"127.0.0.1:10249\""),
+        "{cfg}"
+    );
     let Some(r) = render(&json!({"prometheus": {"serviceMonitor": {"enabled": true}}})) else {
         return;
     };
-    let err = r["error"].as_str().expect("a loopback ServiceMonitor rendered");
+    let err = r["error"]
+        .as_str()
+        .expect("a loopback ServiceMonitor rendered");
     assert!(err.contains("metrics.bindAddress=0.0.0.0"), "{err}");
 }

@@ -3,6 +3,7 @@
 //! health.
 
 pub mod api_client;
+pub mod fds;
 pub mod file_source;
 pub mod health;
 pub mod http;
@@ -71,12 +72,42 @@ pub enum AgentError {
 
 /// Run the agent until SIGTERM or SIGINT. The rules stay in the kernel when it stops.
 pub fn run(cfg: ProxyConfig, node_name: String, source: Source) -> Result<(), AgentError> {
+    // Before any thread or socket exists, so that everything after sees the raised limit.
+    let soft = open_files_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(AgentError::Runtime)?;
-    rt.block_on(run_async(cfg, node_name, source))
+    rt.block_on(run_async(cfg, node_name, source, soft))
+}
+
+/// Raises the soft open-files limit to the hard one and logs it; the soft limit in effect.
+fn open_files_limit() -> u64 {
+    match fds::raise() {
+        Ok(n) if n.soft != n.was => {
+            tracing::info!(
+                "open files limit {} (raised from {}; hard limit {})",
+                n.soft,
+                n.was,
+                n.hard
+            );
+            n.soft
+        }
+        Ok(n) => {
+            tracing::info!("open files limit {} (the hard limit)", n.soft);
+            n.soft
+        }
+        Err(e @ fds::FdError::Raise { from, .. }) => {
+            tracing::warn!("{e}; open files limit {from}");
+            from
+        }
+        Err(e) => {
+            // Budget as for the common default rather than not at all.
+            tracing::warn!("{e}; assuming 1024");
+            1024
+        }
+    }
 }
 
 async fn bind(field: &'static str, addr: &str) -> Result<tokio::net::TcpListener, AgentError> {
@@ -101,13 +132,14 @@ async fn serve(
     addr: &str,
     hard_fail: bool,
     router: http::Router,
+    limits: http::Limits,
 ) -> Result<(), AgentError> {
     if addr.is_empty() {
         return Ok(());
     }
     match bind(field, addr).await {
         Ok(listener) => {
-            tokio::spawn(http::serve(listener, router));
+            tokio::spawn(http::serve(listener, router, limits));
             Ok(())
         }
         Err(e) if hard_fail => Err(e),
@@ -119,7 +151,7 @@ async fn serve(
                     tokio::time::sleep(Duration::from_secs(5)).await;
                     if let Ok(listener) = bind(field, &addr).await {
                         tracing::info!("{field} {addr}: listening");
-                        http::serve(listener, router).await;
+                        http::serve(listener, router, limits).await;
                         return;
                     }
                 }
@@ -129,8 +161,26 @@ async fn serve(
     }
 }
 
-async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Result<(), AgentError> {
+async fn run_async(
+    cfg: ProxyConfig,
+    node_name: String,
+    source: Source,
+    open_files: u64,
+) -> Result<(), AgentError> {
     let metrics = Metrics::new()?;
+    // Each server's connections count against a pool sized from the open-files limit, so
+    // that a flood of connections never takes the descriptors a sync needs.
+    let per_pool = fds::per_pool(open_files);
+    let timeouts = http::Timeouts::from_env();
+    let limits = |name| http::Limits {
+        timeouts,
+        pool: http::limit::Pool::new(name, per_pool),
+    };
+    tracing::info!(
+        "HTTP servers: at most {per_pool} connections for metrics, as many for healthz, and as many for all health-check node ports together; request heads within {:?}, silence within a request at most {:?}",
+        timeouts.header_read,
+        timeouts.idle
+    );
     let health = Arc::new(Mutex::new(Health::new(cfg.sync_period * 2)));
     let mut sigterm = signal(SignalKind::terminate()).map_err(AgentError::Signals)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(AgentError::Signals)?;
@@ -142,6 +192,7 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
         &cfg.metrics_bind_address,
         cfg.bind_address_hard_fail,
         metrics_router(metrics.clone(), health.clone(), cfg.mode, configz),
+        limits("metrics"),
     )
     .await?;
     serve(
@@ -149,6 +200,7 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
         &cfg.healthz_bind_address,
         cfg.bind_address_hard_fail,
         health_router(health.clone(), metrics.clone()),
+        limits("healthz"),
     )
     .await?;
 
@@ -193,7 +245,10 @@ async fn run_async(cfg: ProxyConfig, node_name: String, source: Source) -> Resul
         next_canary: None,
         schedule: Schedule::new(cfg.min_sync_period, cfg.sync_period),
         metrics,
-        service_health: service_health::Servers::new(health.clone()),
+        service_health: service_health::Servers::new(
+            health.clone(),
+            limits("health-check node ports"),
+        ),
         udp_frontends: UdpFrontends::default(),
         health,
         unsynced: Changes::default(),

@@ -138,14 +138,18 @@ pub struct Servers {
     /// Per port: where it listens and the serving tasks (aborting one closes its socket).
     listening: BTreeMap<u16, (Vec<IpAddr>, Vec<JoinHandle<()>>)>,
     health: Arc<Mutex<Health>>,
+    /// One pool for every port: a node may serve hundreds of them, and the open-files
+    /// budget is the same however many there are.
+    limits: http::Limits,
 }
 
 impl Servers {
-    pub fn new(health: Arc<Mutex<Health>>) -> Servers {
+    pub fn new(health: Arc<Mutex<Health>>, limits: http::Limits) -> Servers {
         Servers {
             entries: Arc::default(),
             listening: BTreeMap::new(),
             health,
+            limits,
         }
     }
 
@@ -178,7 +182,11 @@ impl Servers {
             let mut tasks = Vec::new();
             for ip in &addrs {
                 match listen(*ip, *port) {
-                    Ok(l) => tasks.push(tokio::spawn(http::serve(l, self.router(*port)))),
+                    Ok(l) => tasks.push(tokio::spawn(http::serve(
+                        l,
+                        self.router(*port),
+                        self.limits.clone(),
+                    ))),
                     Err(e) => tracing::warn!(
                         "service {}/{}: cannot listen on healthCheckNodePort {}: {e}; retrying at the next sync",
                         entry.namespace,
