@@ -298,14 +298,11 @@ pub fn trace(s: &Snapshot, mode: Mode, p: &Packet) -> Trace {
             );
             dnat(&sel.cluster, false, p.source)
         }
+        // With or without an endpoint here: both modes DNAT the node's packet in nat OUTPUT
+        // before the filter's no-local-endpoint drop sees it, as kube-proxy's do.
         _ if p.origin.on_the_node() => {
-            if sel.local.is_empty() && mode == Mode::Nftables {
-                steps.push("externalTrafficPolicy Local, no endpoint here: the node's packet is dropped before DNAT".into());
-                Verdict::Drop
-            } else {
-                steps.push("externalTrafficPolicy Local, from the node: short-circuited to every endpoint, masqueraded".into());
-                dnat(&sel.cluster, true, p.source)
-            }
+            steps.push("externalTrafficPolicy Local, from the node: short-circuited to every endpoint, masqueraded".into());
+            dnat(&sel.cluster, true, p.source)
         }
         _ if sel.local.is_empty() => {
             steps.push("externalTrafficPolicy Local and no endpoint on this node: dropped".into());

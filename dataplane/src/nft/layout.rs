@@ -408,9 +408,9 @@ impl<'a> Builder<'a> {
                 return false;
             };
             // A Local front end with no endpoint here, as kube-proxy's nftables mode: pods
-            // still go through its external chain, which short-circuits them to every
-            // endpoint; anyone else falls off its end, un-NATed, into the drop above (the
-            // node meets that drop before DNAT, in filter-output).
+            // and the node still go through its external chain, which short-circuits them
+            // to every endpoint (the node masqueraded), so the drop above, checked after
+            // DNAT, never sees them; anyone else falls off its end, un-NATed, into it.
             let verdict = self.slots(rec, &fe.key, sc.backends, sc.kind, all);
             self.put_owned(rec, sc.dispatch, fe.key.clone(), Some(verdict));
             self.use_chain(rec, fe.kind, 0);

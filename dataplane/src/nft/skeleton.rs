@@ -293,16 +293,20 @@ pub fn skeleton(node: &NodeConfig, family: IpFamily) -> Table {
     chain(
         "filter-output",
         base("filter", "output", -110),
-        vec![
-            format!("{new} jump firewall-check"),
-            format!("{new} jump service-endpoints-check"),
-        ],
+        vec![format!("{new} jump firewall-check")],
     );
-    // After nat-output's DNAT, so only packets that were not DNATed are checked.
+    // After nat-output's DNAT, so only packets that were not DNATed are checked, as in
+    // kube-proxy's filter-output (priority filter, after dstnat). The no-endpoint check
+    // belongs here too: the node's own connection to an externalTrafficPolicy Local front
+    // end with no endpoint here is short-circuited to every endpoint by nat-output, and
+    // checked before DNAT it would meet that front end's drop meant for external clients.
     chain(
         "filter-output-post-dnat",
         base("filter", "output", -90),
-        vec![format!("{new} jump cluster-ips-check")],
+        vec![
+            format!("{new} jump service-endpoints-check"),
+            format!("{new} jump cluster-ips-check"),
+        ],
     );
     chain(
         "nat-prerouting",
@@ -520,6 +524,58 @@ mod tests {
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
+    }
+
+    /// The priority in a base chain's hook declaration.
+    fn priority(chain: &Chain) -> i32 {
+        let hook = chain.hook.as_deref().unwrap();
+        let (_, rest) = hook.split_once("priority ").unwrap();
+        rest.split(';').next().unwrap().trim().parse().unwrap()
+    }
+
+    /// kube-proxy's nftables mode checks for no (local) endpoints in filter-output at
+    /// priority filter, after nat-output's DNAT (pkg/proxy/nftables/proxier.go,
+    /// nftablesBaseChains and nftablesJumpChains): the node's connection to a Local front end
+    /// with no endpoint here is short-circuited before that drop can see it.
+    #[test]
+    fn the_node_meets_the_no_endpoint_check_after_dnat() {
+        let node = NodeConfig::default();
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let t = skeleton(&node, family);
+            let nat = priority(&t.chains["nat-output"]);
+            let jumps_to = |chain: &Chain, target: &str| {
+                chain
+                    .rules
+                    .iter()
+                    .any(|r| r.ends_with(&format!("jump {target}")))
+            };
+            for (name, chain) in &t.chains {
+                let Some(hook) = &chain.hook else { continue };
+                if !hook.contains("hook output") || !hook.starts_with("type filter") {
+                    continue;
+                }
+                if jumps_to(chain, "service-endpoints-check")
+                    || jumps_to(chain, "cluster-ips-check")
+                {
+                    assert!(
+                        priority(chain) > nat,
+                        "{name} runs before nat-output's DNAT"
+                    );
+                }
+                if jumps_to(chain, "firewall-check") {
+                    assert!(priority(chain) < nat, "{name} runs after nat-output's DNAT");
+                }
+            }
+            let post = &t.chains["filter-output-post-dnat"].rules;
+            assert_eq!(
+                post,
+                &s(&[
+                    "ct state new jump service-endpoints-check",
+                    "ct state new jump cluster-ips-check"
+                ]),
+                "no-endpoint verdicts (drop) come before the cluster-IP reject"
+            );
+        }
     }
 
     #[test]
