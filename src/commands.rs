@@ -304,7 +304,25 @@ pub fn kube_proxy(inv: Invocation) -> Result<(), CommandError> {
 /// The kube-proxy release whose command line, configuration and behaviour Switchyard follows.
 pub const KUBE_PROXY_VERSION: &str = "v1.37.2";
 
+/// Settings kube-proxy honours that have nothing to act on here, each said once at start.
+fn not_acted_on(cfg: &ProxyConfig) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if cfg.enable_profiling {
+        out.push("enableProfiling: Switchyard has no Go profiler, so /debug/pprof is not served (use perf)");
+    }
+    if !cfg.logging.vmodule.is_empty() {
+        out.push("logging.vmodule: per-file verbosity has no effect here; -v and RUST_LOG set the level");
+    }
+    if cfg.logging.text_split_stream || cfg.logging.json_split_stream {
+        out.push("logging.options splitStream: every log line goes to stderr here");
+    }
+    out
+}
+
 fn start_agent(cfg: ProxyConfig, source: agent::Source) -> Result<(), CommandError> {
+    for note in not_acted_on(&cfg) {
+        tracing::warn!("{note}");
+    }
     node_setup::run(&cfg);
     let node = snapshot::node_name(&cfg);
     agent::run(cfg, node, source)?;

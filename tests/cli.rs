@@ -357,7 +357,7 @@ fn render_ipvs_shows_services_addresses_sets_and_rules() {
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(
-        err.contains("bad.yaml: ipvs: field scheduler") && err.contains("\"fastest\""),
+        err.contains("bad.yaml: field ipvs.scheduler") && err.contains("\"fastest\""),
         "{err}"
     );
 }
