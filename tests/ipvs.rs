@@ -380,11 +380,8 @@ fn guest_cleanup_kube_proxy() {
 
     let sy = env!("CARGO_BIN_EXE_switchyard");
     let out = ns.must(sy, &["cleanup", "--kube-proxy"]);
-    assert!(
-        out.contains("removed 2 kube-proxy IPVS virtual services"),
-        "{out}"
-    );
-    assert!(out.contains("removed 3 kube-proxy ipsets"), "{out}");
+    assert!(out.contains("removed 2 IPVS virtual services"), "{out}");
+    assert!(out.contains("removed 3 KUBE- ipsets"), "{out}");
     let mut left: Vec<ServiceId> = ns.ipvs(|s| {
         s.services()
             .unwrap()
