@@ -311,7 +311,9 @@ fn not_acted_on(cfg: &ProxyConfig) -> Vec<&'static str> {
         out.push("enableProfiling: Switchyard has no Go profiler, so /debug/pprof is not served (use perf)");
     }
     if !cfg.logging.vmodule.is_empty() {
-        out.push("logging.vmodule: per-file verbosity has no effect here; -v and RUST_LOG set the level");
+        out.push(
+            "logging.vmodule: per-file verbosity has no effect here; -v and RUST_LOG set the level",
+        );
     }
     if cfg.logging.text_split_stream || cfg.logging.json_split_stream {
         out.push("logging.options splitStream: every log line goes to stderr here");
