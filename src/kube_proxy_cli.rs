@@ -358,7 +358,8 @@ pub fn invocation(args: &[String]) -> Result<Invocation, CliError> {
     if let Some(b) = last("iptables-backend") {
         cfg.iptables_backend = config::parse_iptables_backend("command line", &b)?;
     }
-    config::validate(&cfg, "command line")?;
+    // A file's values are named by the file, as when the file alone is read.
+    config::validate(&cfg, config_file.as_deref().unwrap_or("command line"))?;
     notes.extend(feature_gates::not_honoured(&cfg.feature_gates));
 
     let action = if truthy("help")? {
