@@ -445,7 +445,7 @@ mod tests {
     use super::*;
 
     fn svc(yaml: &str) -> Service {
-        serde_yaml::from_str(yaml).unwrap()
+        serde_saphyr::from_str(yaml).unwrap()
     }
 
     #[test]
@@ -520,7 +520,7 @@ status: { loadBalancer: { ingress: [{ ip: 1.2.3.4 }, { ip: 5.6.7.8, ipMode: Prox
 
     #[test]
     fn slices_merge_and_match_ports_by_name() {
-        let a: EndpointSlice = serde_yaml::from_str(r#"
+        let a: EndpointSlice = serde_saphyr::from_str(r#"
 metadata: { name: s-1, namespace: ns, labels: { kubernetes.io/service-name: s } }
 addressType: IPv4
 ports: [{ name: https, port: 8443 }]
@@ -528,7 +528,7 @@ endpoints:
 - { addresses: [10.0.0.1], conditions: { ready: false, serving: true, terminating: true }, nodeName: n1 }
 - { addresses: [10.0.0.2] }
 "#).unwrap();
-        let b: EndpointSlice = serde_yaml::from_str(
+        let b: EndpointSlice = serde_saphyr::from_str(
             r#"
 metadata: { name: s-2, namespace: ns, labels: { kubernetes.io/service-name: s } }
 addressType: IPv4
@@ -550,7 +550,7 @@ endpoints: [{ addresses: [10.0.0.1] }]
 
     #[test]
     fn slice_family_mismatch_is_invalid() {
-        let s: EndpointSlice = serde_yaml::from_str("metadata: {name: x, namespace: n, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: [\"fd00::1\"]}]").unwrap();
+        let s: EndpointSlice = serde_saphyr::from_str("metadata: {name: x, namespace: n, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: [\"fd00::1\"]}]").unwrap();
         assert!(matches!(
             endpoint_slice(&s),
             Err(Skip::Invalid {

@@ -4,7 +4,6 @@
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 /// One object read from a manifest.
@@ -127,12 +126,13 @@ pub fn load(path: &Path) -> Result<Manifests, ManifestError> {
 }
 
 /// Parse one file's text. JSON goes straight to serde_json (large `kubectl -o json` dumps parse
-/// several times faster and in a fraction of the memory); YAML through serde_yaml.
+/// several times faster and in a fraction of the memory); YAML through serde-saphyr, within
+/// [`yaml_options`]' limits, one document at a time.
 pub fn parse(text: &str, path: &Path) -> Result<Vec<Object>, ManifestError> {
-    let mut out = Vec::new();
     let json = path.extension().and_then(|e| e.to_str()) == Some("json")
         || text.trim_start().starts_with('{');
     if json {
+        let mut out = Vec::new();
         let docs = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
         for (i, doc) in docs.enumerate() {
             let value = doc.map_err(|e| ManifestError::Syntax {
@@ -144,17 +144,167 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<Object>, ManifestError> {
         }
         return Ok(out);
     }
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let syntax = |message: String| ManifestError::Syntax {
+    parse_yaml(text, path, yaml_options())
+}
+
+fn parse_yaml(
+    text: &str,
+    path: &Path,
+    options: serde_saphyr::Options,
+) -> Result<Vec<Object>, ManifestError> {
+    // Each document is decoded as soon as it is parsed (`Decoded::extend`), so a multi-document
+    // dump never holds more than one document's tree. A syntax error anywhere in the file wins
+    // over a decode error in an earlier document (the parser keeps going after a bad object).
+    let decoded: Decoded =
+        serde_saphyr::from_str_multiple_with_options::<serde_json::Value, Decoded>(text, options)
+            .map_err(|e| ManifestError::Syntax {
             path: path.to_path_buf(),
-            doc: i + 1,
-            message,
-        };
-        let value = serde_yaml::Value::deserialize(doc).map_err(|e| syntax(e.to_string()))?;
-        let value = serde_json::to_value(value).map_err(|e| syntax(e.to_string()))?;
-        collect(value, path, &mut out)?;
+            doc: e.location().map_or(1, |l| {
+                document_at(text, usize::try_from(l.line()).unwrap_or(usize::MAX))
+            }),
+            message: yaml_message(&e),
+        })?;
+    for (api, kind, name) in &decoded.ignored {
+        tracing::debug!(file = %path.display(), %api, %kind, %name, "ignoring object of another kind");
     }
-    Ok(out)
+    match decoded.error {
+        Some(e) => Err(ManifestError::Decode {
+            path: path.to_path_buf(),
+            kind: e.kind,
+            name: e.name,
+            field: e.field,
+            message: e.message,
+        }),
+        None => Ok(decoded.objects),
+    }
+}
+
+/// Limits for YAML manifests, sized for the largest input we mean to accept: one file holding a
+/// 100k-service cluster as `kubectl get svc,endpointslices -A -o yaml` prints it, 100k Services
+/// and 100k EndpointSlices of 10 endpoints each, with kubectl's usual metadata (uid,
+/// resourceVersion, last-applied-configuration, ownerReferences, targetRef, zone). The test
+/// `ten_thousand_services_parse_within_a_tenth_of_the_limits` generates that shape at 10k and
+/// measured 46.2 MB, 3.81M nodes (scalars, keys included, sequences and mappings), 4.42M parser
+/// events, 31.7 MB of scalar text and a depth of 6; so the 100k dump is about 460 MB, 38M
+/// nodes, 44M events and 320 MB of scalars. The limits accept 2.6 times that (a dump of this
+/// shape up to about 1.2 GB): 100M nodes, 125M events, 1 GiB of scalars, 1M documents (the
+/// multi-document form of the 100k dump has 200k). The test asserts that ten times its 10k
+/// file stays within them.
+///
+/// The input is already in memory, so what must be stopped is amplification and recursion:
+/// - aliases: kubectl and Helm never write anchors, a hand-written manifest uses a few. Alias
+///   replays stop at 1M events and anchored copies at 1M events or 64 MiB (a billion-laughs
+///   document stops there, having built at most about 1M nodes), nested at most 64 deep; the
+///   alias-to-anchor ratio heuristic is off, since these caps bound the work by themselves;
+/// - nesting: 64 levels (a Kubernetes object nests about 10 deep). Deeper input is an error,
+///   not a stack overflow: the parser recurses per level, about 20 KiB a level in a debug
+///   build, and 64 levels stay within the 2 MiB stack of the tokio worker that reloads
+///   manifests (90 levels did too, 100 overflowed). The JSON path keeps serde_json's 128;
+/// - the node, event and scalar-byte counts bound the work on everything else.
+///
+/// Parsing follows serde_yaml 0.9's untyped reading where serde-saphyr allows it: YAML 1.2
+/// booleans only (`yes` stays a string), numbers with leading zeros or underscores stay
+/// strings, `.nan` and `.inf` become null; duplicate keys are an error. Merge keys (`<<`) are
+/// expanded, as kubectl expands them (serde_yaml left them as a key named `<<`).
+fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_events: 125_000_000,
+            max_nodes: 100_000_000,
+            max_total_scalar_bytes: 1 << 30,
+            max_documents: 1_000_000,
+            max_depth: 64,
+            // One above max_depth, so that the budget reports a breach (naming the limit)
+            // before the parser's own nesting check does.
+            flow_nesting_limit: 65,
+            max_aliases: 100_000,
+            max_anchors: 100_000,
+            max_merge_keys: 100_000,
+            max_recorded_anchor_events: 1_000_000,
+            max_recorded_anchor_bytes: 64 << 20,
+            enforce_alias_anchor_ratio: false,
+        },
+        alias_limits: serde_saphyr::alias_limits! {
+            max_total_replayed_events: 1_000_000,
+            max_replay_stack_depth: 64,
+        },
+        emit_comments: false,
+        with_snippet: false,
+        strict_booleans: true,
+        leading_zero_numbers_as_strings: true,
+        underscored_numbers_as_strings: true,
+        non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::PassThrough,
+    }
+}
+
+/// The parser's message, one line, saying so when one of [`yaml_options`]' limits stopped it.
+fn yaml_message(e: &serde_saphyr::Error) -> String {
+    use serde_saphyr::Error as E;
+    let mut inner = e.without_snippet();
+    while let E::AliasError { error, .. } = inner {
+        inner = error.without_snippet();
+    }
+    let limit = matches!(
+        inner,
+        E::Budget { .. }
+            | E::AliasReplayLimitExceeded { .. }
+            | E::AliasExpansionLimitExceeded { .. }
+            | E::AliasReplayStackDepthExceeded { .. }
+            | E::AliasReplayCounterOverflow { .. }
+    );
+    if limit {
+        format!("over the limits for manifest files: {e}")
+    } else {
+        e.to_string()
+    }
+}
+
+/// The 1-based number of the YAML document that holds 1-based `line`: `---` starts a document,
+/// `...` ends one, and other content outside a document starts the next.
+fn document_at(text: &str, line: usize) -> usize {
+    let (mut docs, mut open) = (0, false);
+    for l in text.lines().take(line.max(1)) {
+        let marker = |m: &str| {
+            l.strip_prefix(m)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
+        };
+        if marker("---") {
+            docs += 1;
+            open = true;
+        } else if marker("...") {
+            open = false;
+        } else if !open {
+            // Outside a document, blank lines, comments and directives start none.
+            let t = l.trim_start();
+            if !(t.is_empty() || t.starts_with('#') || t.starts_with('%')) {
+                docs += 1;
+                open = true;
+            }
+        }
+    }
+    docs.max(1)
+}
+
+/// Objects decoded from a YAML stream as the parser delivers each document; the first decode
+/// error is kept (later documents are parsed but no longer decoded).
+#[derive(Default)]
+struct Decoded {
+    objects: Vec<Object>,
+    /// (apiVersion, kind, name) of objects of kinds we do not read.
+    ignored: Vec<(String, String, String)>,
+    error: Option<Undecodable>,
+}
+
+impl Extend<serde_json::Value> for Decoded {
+    fn extend<I: IntoIterator<Item = serde_json::Value>>(&mut self, docs: I) {
+        for doc in docs {
+            if self.error.is_none() {
+                if let Err(e) = decode_all(doc, &mut self.objects, &mut self.ignored) {
+                    self.error = Some(e);
+                }
+            }
+        }
+    }
 }
 
 fn str_at<'a>(v: &'a serde_json::Value, keys: &[&str]) -> Option<&'a str> {
@@ -172,11 +322,40 @@ fn decode<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T,
     })
 }
 
+/// An object that does not decode into its type: kind, namespace/name, field and why.
+struct Undecodable {
+    kind: String,
+    name: String,
+    field: String,
+    message: String,
+}
+
 fn collect(
-    mut value: serde_json::Value,
+    value: serde_json::Value,
     path: &Path,
     out: &mut Vec<Object>,
 ) -> Result<(), ManifestError> {
+    let mut ignored = Vec::new();
+    let result = decode_all(value, out, &mut ignored);
+    for (api, kind, name) in &ignored {
+        tracing::debug!(file = %path.display(), %api, %kind, %name, "ignoring object of another kind");
+    }
+    result.map_err(|e| ManifestError::Decode {
+        path: path.to_path_buf(),
+        kind: e.kind,
+        name: e.name,
+        field: e.field,
+        message: e.message,
+    })
+}
+
+/// Decode one document (an object, a `kind: List` of them, or null) into `out`; objects of
+/// other kinds go to `ignored` as (apiVersion, kind, name).
+fn decode_all(
+    mut value: serde_json::Value,
+    out: &mut Vec<Object>,
+    ignored: &mut Vec<(String, String, String)>,
+) -> Result<(), Undecodable> {
     if value.is_null() {
         return Ok(());
     }
@@ -195,7 +374,7 @@ fn collect(
     if kind == "List" || (kind.ends_with("List") && value.get("items").is_some()) {
         if let serde_json::Value::Array(items) = value["items"].take() {
             for item in items {
-                collect(item, path, out)?;
+                decode_all(item, out, ignored)?;
             }
         }
         return Ok(());
@@ -210,23 +389,24 @@ fn collect(
             decode(value).map(|c| Object::ServiceCidr(Box::new(c)))
         }
         _ => {
-            tracing::debug!(file = %path.display(), %api, %kind, %name, "ignoring object of another kind");
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                ignored.push((api, kind, name));
+            }
             return Ok(());
         }
     };
     match obj {
-        Ok(o) => out.push(o),
-        Err((field, message)) => {
-            return Err(ManifestError::Decode {
-                path: path.to_path_buf(),
-                kind,
-                name,
-                field,
-                message,
-            })
+        Ok(o) => {
+            out.push(o);
+            Ok(())
         }
+        Err((field, message)) => Err(Undecodable {
+            kind,
+            name,
+            field,
+            message,
+        }),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -291,5 +471,271 @@ items:
             .unwrap_err()
             .to_string();
         assert!(e.contains("broken.yaml"), "{e}");
+    }
+
+    /// A Service and its EndpointSlice of `endpoints` endpoints as `kubectl get -o yaml` prints
+    /// them (its usual metadata included), addresses from `dataplane::synth`.
+    fn kubectl_pair(i: usize, endpoints: usize) -> [String; 2] {
+        let ip = dataplane::synth::cluster_ip(i);
+        let svc = format!(
+            r#"apiVersion: v1
+kind: Service
+metadata:
+  annotations:
+    kubectl.kubernetes.io/last-applied-configuration: |
+      {{"apiVersion":"v1","kind":"Service","metadata":{{"annotations":{{}},"labels":{{"app":"svc-{i}"}},"name":"svc-{i}","namespace":"bench"}},"spec":{{"ports":[{{"name":"http","port":80,"protocol":"TCP","targetPort":8080}}],"selector":{{"app":"svc-{i}"}}}}}}
+  creationTimestamp: "2026-12-01T10:00:00Z"
+  labels:
+    app: svc-{i}
+  name: svc-{i}
+  namespace: bench
+  resourceVersion: "{rv}"
+  uid: 6b1c2f4e-0000-4000-8000-{i:012}
+spec:
+  clusterIP: {ip}
+  clusterIPs:
+  - {ip}
+  internalTrafficPolicy: Cluster
+  ipFamilies:
+  - IPv4
+  ipFamilyPolicy: SingleStack
+  ports:
+  - name: http
+    port: 80
+    protocol: TCP
+    targetPort: 8080
+  selector:
+    app: svc-{i}
+  sessionAffinity: None
+  type: ClusterIP
+status:
+  loadBalancer: {{}}
+"#,
+            rv = 1_000_000 + i,
+        );
+        let mut slice =
+            String::from("addressType: IPv4\napiVersion: discovery.k8s.io/v1\nendpoints:\n");
+        for j in 0..endpoints {
+            let addr = dataplane::synth::endpoint_ip(i, j, 0);
+            let node = (i + j) % 50;
+            slice.push_str(&format!(
+                r#"- addresses:
+  - {addr}
+  conditions:
+    ready: true
+    serving: true
+    terminating: false
+  nodeName: node-{node}
+  targetRef:
+    kind: Pod
+    name: svc-{i}-7d9f8b6c5d-{j:05}
+    namespace: bench
+    uid: 0f3a9c1e-0000-4000-8000-{i:07}{j:05}
+  zone: zone-{zone}
+"#,
+                zone = node % 3,
+            ));
+        }
+        slice.push_str(&format!(
+            r#"kind: EndpointSlice
+metadata:
+  annotations:
+    endpoints.kubernetes.io/last-change-trigger-time: "2026-12-01T10:00:00Z"
+  creationTimestamp: "2026-12-01T10:00:00Z"
+  generateName: svc-{i}-
+  generation: 3
+  labels:
+    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
+    kubernetes.io/service-name: svc-{i}
+  name: svc-{i}-x7k2p
+  namespace: bench
+  ownerReferences:
+  - apiVersion: v1
+    blockOwnerDeletion: true
+    controller: true
+    kind: Service
+    name: svc-{i}
+    uid: 6b1c2f4e-0000-4000-8000-{i:012}
+  resourceVersion: "{rv}"
+  uid: 9e2d7b3a-0000-4000-8000-{i:012}
+ports:
+- name: http
+  port: 8080
+  protocol: TCP
+"#,
+            rv = 2_000_000 + i,
+        ));
+        [svc, slice]
+    }
+
+    /// `services` Services and their slices as one `kind: List` (`kubectl get -o yaml`).
+    fn kubectl_list(services: usize, endpoints: usize) -> String {
+        let mut out = String::from("apiVersion: v1\nitems:\n");
+        for i in 0..services {
+            for obj in kubectl_pair(i, endpoints) {
+                for (n, line) in obj.lines().enumerate() {
+                    out.push_str(if n == 0 { "- " } else { "  " });
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+        }
+        out.push_str("kind: List\nmetadata:\n  resourceVersion: \"\"\n");
+        out
+    }
+
+    #[test]
+    fn ten_thousand_services_parse_within_a_tenth_of_the_limits() {
+        let (n, per) = (10_000, 10);
+        let text = kubectl_list(n, per);
+        let report = std::rc::Rc::new(std::cell::RefCell::new(None));
+        let sink = report.clone();
+        let options = yaml_options().with_budget_report(move |r| *sink.borrow_mut() = Some(r));
+        let t = std::time::Instant::now();
+        let objs = parse_yaml(&text, Path::new("dump.yaml"), options).unwrap();
+        let took = t.elapsed();
+        let mut m = Manifests::default();
+        objs.into_iter().for_each(|o| m.push(o));
+        assert_eq!((m.services.len(), m.slices.len()), (n, n));
+        let last = m.slices[n - 1].endpoints.as_deref().unwrap_or_default();
+        assert_eq!(last.len(), per);
+        assert_eq!(
+            last[per - 1].addresses,
+            vec![dataplane::synth::endpoint_ip(n - 1, per - 1, 0).to_string()]
+        );
+        let r = report.borrow_mut().take().expect("a budget report");
+        let b = yaml_options().budget.expect("a budget");
+        println!(
+            "{n} services x {per}: {} bytes, {} nodes, {} events, {} scalar bytes, depth {}, \
+             {} documents, parsed in {took:?}",
+            text.len(),
+            r.nodes,
+            r.events,
+            r.total_scalar_bytes,
+            r.max_depth,
+            r.documents
+        );
+        // Within a tenth of each limit: a 100k-service dump of this shape fits.
+        assert!(r.breached.is_none());
+        assert!(r.nodes * 10 <= b.max_nodes, "nodes {}", r.nodes);
+        assert!(r.events * 10 <= b.max_events, "events {}", r.events);
+        assert!(r.total_scalar_bytes * 10 <= b.max_total_scalar_bytes);
+    }
+
+    #[test]
+    fn multi_document_dump_parses_and_counts_documents() {
+        let mut text = String::new();
+        for i in 0..200 {
+            for obj in kubectl_pair(i, 10) {
+                text.push_str("---\n");
+                text.push_str(&obj);
+            }
+        }
+        let objs = parse(&text, Path::new("dump.yaml")).unwrap();
+        assert_eq!(objs.len(), 400);
+        // A syntax error names its document (the 3rd) and line.
+        let broken = format!(
+            "{}---\n{}---\nkind: Service\nspec: [\n",
+            kubectl_pair(0, 1)[0],
+            kubectl_pair(0, 1)[1]
+        );
+        let e = parse(&broken, Path::new("b.yaml")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("b.yaml: not valid YAML or JSON (document 3): "),
+            "{e}"
+        );
+        assert!(e.contains("line "), "{e}");
+    }
+
+    #[test]
+    fn document_numbers_follow_markers_and_content() {
+        let t = "# c\n%YAML 1.2\n---\na: 1\n---\n---\nb: 2\n...\nc: 3\n";
+        let at: Vec<usize> = (1..=9).map(|l| document_at(t, l)).collect();
+        assert_eq!(at, [1, 1, 1, 1, 2, 3, 3, 3, 4]);
+        assert_eq!(document_at("a: 1\n", 1), 1);
+    }
+
+    #[test]
+    fn untyped_values_read_as_serde_yaml_read_them() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata:\n  name: a\n  namespace: ns\n  labels: { a: yes, b: on, c: '0755', d: 0755, e: 1_000, f: 0x1F }\nspec: { clusterIP: 10.96.0.1, ports: [{ port: 80 }] }\n";
+        let e = parse(text, Path::new("l.yaml")).unwrap_err().to_string();
+        // yes, on, 0755 and 1_000 are strings; 0x1F is a number, as in serde_yaml 0.9.
+        assert!(e.contains("field metadata.labels.f"), "{e}");
+        let text = text.replace(", f: 0x1F", "");
+        let objs = parse(&text, Path::new("l.yaml")).unwrap();
+        let Object::Service(s) = &objs[0] else {
+            panic!("{objs:?}")
+        };
+        let labels = s.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["a"], "yes");
+        assert_eq!(labels["b"], "on");
+        assert_eq!(labels["d"], "0755");
+        assert_eq!(labels["e"], "1_000");
+        let v: serde_json::Value =
+            serde_saphyr::from_str_with_options("{a: .nan, b: .inf, c: 1.5}", yaml_options())
+                .unwrap();
+        assert_eq!(v, serde_json::json!({"a": null, "b": null, "c": 1.5}));
+    }
+
+    #[test]
+    fn merge_keys_expand_and_duplicate_keys_fail() {
+        // Anchors hold within one document, so the two Services share a List.
+        let text = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: &m { name: a, namespace: ns }\n  spec: { clusterIP: 10.96.0.1, ports: [{ port: 80 }] }\n- apiVersion: v1\n  kind: Service\n  metadata: { <<: *m, name: b }\n  spec: { clusterIP: 10.96.0.2, ports: [{ port: 80 }] }\n";
+        let objs = parse(text, Path::new("m.yaml")).unwrap();
+        let Object::Service(b) = &objs[1] else {
+            panic!("{objs:?}")
+        };
+        assert_eq!(b.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(b.metadata.name.as_deref(), Some("b"));
+        let e = parse("kind: Service\nkind: Node\n", Path::new("d.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("d.yaml: not valid YAML or JSON (document 1): "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn alias_bombs_and_deep_nesting_stop_at_the_limits() {
+        // Billion laughs: 10^9 strings from a few hundred bytes.
+        let mut bomb = String::from("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+        for k in 1..=9 {
+            let p = k - 1;
+            bomb.push_str(&format!(
+                "a{k}: &a{k} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+            ));
+        }
+        let e = parse(&bomb, Path::new("bomb.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("over the limits for manifest files"), "{e}");
+
+        let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        let e = parse(&nested(65), Path::new("deep.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("over the limits for manifest files"), "{e}");
+        let block: String = (0..200)
+            .map(|d| format!("{}k:\n", "  ".repeat(d)))
+            .collect();
+        let e = parse(&block, Path::new("deep.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("over the limits for manifest files"), "{e}");
+        // The deepest input accepted fits the 2 MiB stack of a tokio worker (the agent's
+        // manifest watcher runs on one), in a debug build.
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                parse(
+                    &format!("kind: X\nv: {}\n", nested(63)),
+                    Path::new("d.yaml"),
+                )
+                .unwrap();
+            })
+            .unwrap()
+            .join()
+            .unwrap();
     }
 }

@@ -56,12 +56,10 @@ fn documents(rendered: &Value) -> Vec<(String, Value)> {
         if template.ends_with("NOTES.txt") {
             continue;
         }
-        for d in serde_yaml::Deserializer::from_str(text.as_str().unwrap()) {
-            let v: Value = serde::Deserialize::deserialize(d).expect("rendered YAML");
-            if !v.is_null() {
-                docs.push((template.clone(), v));
-            }
-        }
+        // Null (empty) documents are skipped by the parser.
+        let rendered: Vec<Value> =
+            serde_saphyr::from_multiple(text.as_str().unwrap()).expect("rendered YAML");
+        docs.extend(rendered.into_iter().map(|v| (template.clone(), v)));
     }
     docs
 }
@@ -343,7 +341,7 @@ fn iptables_mode_with_monitoring_renders_and_its_rules_pass_promtool() {
     let rule = of_kind(&docs, "PrometheusRule")[0];
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, serde_yaml::to_string(&rule["spec"]).unwrap()).unwrap();
+    std::fs::write(&rules, serde_saphyr::to_string(&rule["spec"]).unwrap()).unwrap();
     promtool_check(&rules);
     promtool_check(&root().join("charts/switchyard/files/alerts.yaml"));
 

@@ -56,9 +56,8 @@ fn manifests_render_for_every_scenario() {
     let cases = Cases::vendored();
     for s in &cases.scenarios {
         let yaml = rig::manifests::scenario_yaml(s);
-        let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&yaml)
-            .map(|d| serde::Deserialize::deserialize(d).expect("valid YAML document"))
-            .collect();
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&yaml).expect("valid YAML documents");
         let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
         let want = 1 + s.node.service_cidrs.len() + s.services.len() + s.endpoint_slices.len();
         assert_eq!(kinds.len(), want, "{}: one document per object", s.id);
@@ -72,8 +71,8 @@ fn manifests_render_for_every_scenario() {
                 assert!(d["metadata"]["labels"]["kubernetes.io/service-name"].is_string());
             }
         }
-        let cfg: serde_yaml::Value =
-            serde_yaml::from_str(&rig::manifests::kube_proxy_config(&s.node, Mode::Nftables))
+        let cfg: serde_json::Value =
+            serde_saphyr::from_str(&rig::manifests::kube_proxy_config(&s.node, Mode::Nftables))
                 .expect("config is YAML");
         assert_eq!(cfg["kind"], "KubeProxyConfiguration");
         assert_eq!(cfg["hostnameOverride"], s.node.name.as_str());

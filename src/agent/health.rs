@@ -129,7 +129,7 @@ mod tests {
     const TIMEOUT: Duration = Duration::from_secs(60);
 
     fn node(yaml: &str) -> Node {
-        serde_yaml::from_str(yaml).unwrap()
+        serde_saphyr::from_str(yaml).unwrap()
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub fn manifests_yaml(node: &NodeConfig, services: &[Service], slices: &[Endpoin
     let mut out = String::new();
     for doc in objects(node, services, slices) {
         out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&doc).expect("serializing a manifest to YAML"));
+        out.push_str(&serde_saphyr::to_string(&doc).expect("serializing a manifest to YAML"));
     }
     out
 }
@@ -273,7 +273,7 @@ pub fn kube_proxy_config(node: &NodeConfig, mode: Mode) -> String {
             "localhostNodePorts": node.localhost_node_ports,
         }),
     );
-    serde_yaml::to_string(&Value::Object(cfg)).expect("serializing KubeProxyConfiguration")
+    serde_saphyr::to_string(&Value::Object(cfg)).expect("serializing KubeProxyConfiguration")
 }
 
 /// Convenience for a whole scenario.

@@ -2,8 +2,10 @@
 //! services and their real servers, encoded and decoded here (pure), and [`IpvsSocket`], the
 //! socket that carries them.
 //!
-//! Why our own messages: the crates that speak IPVS netlink are unmaintained or miss
-//! persistence and the connection counters graceful termination needs, and
+//! Why our own messages: nlrs 0.2.1 has persistence timeouts and the connection counters
+//! graceful termination needs, but sends the service flags as a u32 where the kernel reads
+//! `struct ip_vs_flags {flags, mask}` (so the persistent flag is ignored) and does not decode
+//! the flags it reads back; the other crates that speak IPVS netlink are unmaintained; and
 //! netlink-packet-generic would bring a message framework for the dozen attributes used
 //! here. The attribute helpers are the ones the nftables reader uses.
 

@@ -20,7 +20,7 @@ fn store() -> Store {
 }
 
 fn svc(name: &str, ip: &str, rv: &str) -> SourceEvent {
-    let s: Service = serde_yaml::from_str(&format!(
+    let s: Service = serde_saphyr::from_str(&format!(
         "metadata: {{name: {name}, namespace: ns, resourceVersion: '{rv}'}}\n\
          spec: {{clusterIP: {ip}, ports: [{{port: 80, protocol: TCP}}]}}"
     ))
@@ -36,7 +36,7 @@ fn slice(name: &str, service: &str, ips: &[&str], trigger: Option<&str>) -> Sour
     let ann = trigger
         .map(|t| format!(", annotations: {{'{ANNOTATION_TRIGGER_TIME}': '{t}'}}"))
         .unwrap_or_default();
-    let s: EndpointSlice = serde_yaml::from_str(&format!(
+    let s: EndpointSlice = serde_saphyr::from_str(&format!(
         "metadata: {{name: {name}, namespace: ns, labels: {{'kubernetes.io/service-name': {service}}}{ann}}}\n\
          addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\nendpoints: [{}]",
         eps.join(", ")
@@ -224,14 +224,14 @@ fn a_deleted_slice_forgets_the_trigger_times_of_its_service() {
 fn only_this_nodes_node_object_counts() {
     let mut st = store();
     let t = Instant::now();
-    let other: Node = serde_yaml::from_str(
+    let other: Node = serde_saphyr::from_str(
         "metadata: {name: node-b}\nstatus: {addresses: [{type: InternalIP, address: 10.0.0.9}]}",
     )
     .unwrap();
     st.take_changes();
     st.apply(SourceEvent::Apply(Object::Node(Box::new(other))), t);
     assert!(!st.has_pending());
-    let mine: Node = serde_yaml::from_str(
+    let mine: Node = serde_saphyr::from_str(
         "metadata: {name: node-a}\nstatus: {addresses: [{type: InternalIP, address: 10.0.0.5}]}",
     )
     .unwrap();

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs what the whole test suite (`cargo nextest run --workspace`) needs on a Debian 12
+# machine, as root; .ci/run calls it first. Each part is checked before it is installed, so on
+# a machine that has everything this only looks (a second or two) and changes nothing:
+# - Debian packages: nftables, iptables, iproute2, conntrack, ipset and procps (sysctl) for the
+#   network-namespace tests; prometheus for the agent's scrape test; qemu-system-x86,
+#   busybox-static and kmod to boot the IPVS guest; python3 and python3-pip for the Helm
+#   library; gcc and libc6-dev when there is no C compiler to link with;
+# - Debian's 6.1 kernel for the IPVS guest (tests/guest/prepare-kernel.sh, into
+#   target/guest-kernel);
+# - cargo-nextest (cargo install);
+# - the Helm library, helm-python-sdk (Helm v4's Go SDK behind a C ABI), for the chart tests.
+# The Rust toolchain itself (1.89 or newer, https://rustup.rs) must already be there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "tests/install-deps.sh: no cargo on PATH; install Rust 1.89 or newer first (https://rustup.rs)" >&2
+  exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+need=()
+# package:command, the package installed when the command is missing.
+for pkg_cmd in nftables:nft iptables:iptables iproute2:ip conntrack:conntrack ipset:ipset \
+  procps:sysctl prometheus:prometheus qemu-system-x86:qemu-system-x86_64 kmod:depmod \
+  python3:python3; do
+  command -v "${pkg_cmd#*:}" >/dev/null 2>&1 || need+=("${pkg_cmd%%:*}")
+done
+# The guest's initramfs needs a statically linked /bin/busybox.
+(ldd /bin/busybox 2>&1 || true) | grep -q 'not a dynamic' || need+=(busybox-static)
+# cargo links through cc; rustup does not bring one.
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+# pip for the Helm library below (not needed once the library is importable).
+if ! python3 -c 'import helm_python' 2>/dev/null && ! python3 -m pip --version >/dev/null 2>&1; then
+  need+=(python3-pip)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing ${need[*]}"
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+tests/guest/prepare-kernel.sh
+
+command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
+
+# The real Helm library for the chart tests. Debian's own python3 marks its site-packages as
+# externally managed; this machine is a test machine, so install into it anyway.
+if ! python3 -c 'import helm_python' 2>/dev/null; then
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check \
+    helm-python-sdk==0.2.2
+fi
