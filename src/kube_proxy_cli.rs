@@ -319,8 +319,11 @@ pub fn invocation(args: &[String]) -> Result<Invocation, CliError> {
         }
         apply(&mut cfg, name, value, &given, &mut notes)?;
     }
-    if config_file.is_none() {
-        // kube-proxy's deprecated port flags decide the servers' ports (0 turns one off).
+    let write_config = last("write-config-to").filter(|p| !p.is_empty());
+    // kube-proxy's deprecated port flags decide the servers' ports (0 turns one off), but
+    // not beside --config, nor (as kube-proxy's Options.Complete has it) when only writing
+    // the configuration out.
+    if config_file.is_none() && write_config.is_none() {
         let port = |name: &str, default: u16| -> Result<u16, CliError> {
             match last(name) {
                 None => Ok(default),
@@ -366,7 +369,7 @@ pub fn invocation(args: &[String]) -> Result<Invocation, CliError> {
         Action::Help
     } else if let Some(v) = last("version").filter(|v| v != "false") {
         Action::Version { raw: v == "raw" }
-    } else if let Some(path) = last("write-config-to").filter(|p| !p.is_empty()) {
+    } else if let Some(path) = write_config {
         Action::WriteConfig(PathBuf::from(path))
     } else if truthy("cleanup")? {
         Action::Cleanup

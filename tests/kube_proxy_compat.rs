@@ -639,3 +639,145 @@ fn write_config_to_writes_a_file_both_read_back() {
     );
     assert_eq!(std::fs::read_to_string(&again).unwrap(), text);
 }
+
+/// The real kube-proxy v1.37.2 (tests/cluster/build.sh), when it is built.
+fn real_kube_proxy() -> Option<PathBuf> {
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/k8s/v1.37.2/bin/kube-proxy");
+    if bin.exists() {
+        return Some(bin);
+    }
+    assert!(
+        std::env::var("SWITCHYARD_REQUIRE_CLUSTER").as_deref() != Ok("1"),
+        "SWITCHYARD_REQUIRE_CLUSTER=1 but {} is missing (tests/cluster/build.sh)",
+        bin.display()
+    );
+    println!("SKIP: the real kube-proxy is not built (tests/cluster/build.sh)");
+    None
+}
+
+/// `--write-config-to` of a binary for these arguments, read back as data.
+fn written_config(bin: &Path, args: &[String], dir: &Path) -> Value {
+    let out_file = dir.join("written.yaml");
+    let _ = std::fs::remove_file(&out_file);
+    let out = Command::new(bin)
+        .args(args)
+        .arg(format!("--write-config-to={}", out_file.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {}",
+        bin.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_saphyr::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap()
+}
+
+/// The configuration Switchyard builds from kube-proxy's command line and files is the one
+/// the real kube-proxy v1.37.2 builds, field for field (what `/configz` serves too), for the
+/// installers' ConfigMaps and for flag sets across every mode. Where kube-proxy reads
+/// `mode: ""` as iptables, Switchyard reads nftables: the one designed difference, so the
+/// cases name the mode.
+#[test]
+fn configuration_matches_the_real_kube_proxy_field_for_field() {
+    let Some(real) = real_kube_proxy() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ours = kube_proxy_binary(dir.path());
+    let kubeadm = dir.path().join("kubeadm.conf");
+    std::fs::write(
+        &kubeadm,
+        KUBEADM_CONFIG.replace("mode: \"\"", "mode: nftables"),
+    )
+    .unwrap();
+    let kind = dir.path().join("kind.conf");
+    std::fs::write(&kind, KIND_CONFIG).unwrap();
+    let cases: Vec<Vec<String>> = vec![
+        vec!["--proxy-mode=nftables".to_string()],
+        vec![
+            "--proxy-mode=iptables",
+            "--cluster-cidr=10.0.0.0/8,fd00::/64",
+            "--iptables-sync-period=45s",
+            "--iptables-min-sync-period=2s",
+            "--conntrack-max-per-core=0",
+            "--masquerade-all",
+            "--nodeport-addresses=primary,10.0.0.0/8",
+            "--oom-score-adj=-500",
+            "--healthz-bind-address=127.0.0.1:10256",
+            // No effect when writing the configuration out, in kube-proxy as here.
+            "--metrics-port=0",
+            "--feature-gates=AllowServiceExternalIPs=false",
+            "--v=3",
+            "--logging-format=json",
+            "--kube-api-qps=20",
+            "--kube-api-burst=40",
+            "--iptables-masquerade-bit=13",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        vec![
+            "--proxy-mode=ipvs",
+            "--ipvs-scheduler=lc",
+            "--ipvs-sync-period=10s",
+            "--ipvs-min-sync-period=2s",
+            "--ipvs-exclude-cidrs=10.9.0.0/16",
+            "--ipvs-strict-arp",
+            "--ipvs-tcp-timeout=900s",
+            "--conntrack-tcp-be-liberal",
+            "--conntrack-udp-timeout=30s",
+            "--bind-address=::",
+            "--detect-local-mode=InterfaceNamePrefix",
+            "--pod-interface-name-prefix=veth",
+            "--vmodule=proxier=4",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        vec![
+            format!("--config={}", kubeadm.display()),
+            "--hostname-override=Node-A".into(),
+            "--v=2".into(),
+            // Ignored beside --config, by both.
+            "--proxy-mode=iptables".into(),
+        ],
+        vec![
+            format!("--config={}", kind.display()),
+            "--hostname-override=kind-worker".into(),
+        ],
+    ];
+    for args in cases {
+        let want = written_config(&real, &args, dir.path());
+        let got = written_config(&ours, &args, dir.path());
+        assert_eq!(
+            got,
+            want,
+            "{args:?}\nours:\n{}\nkube-proxy:\n{}",
+            serde_json::to_string_pretty(&got).unwrap(),
+            serde_json::to_string_pretty(&want).unwrap()
+        );
+    }
+    // kube-proxy's own refusals are Switchyard's too.
+    for bad in [
+        vec!["--logging-format=json", "--vmodule=proxier=4"],
+        vec!["--show-hidden-metrics-for-version=1.30"],
+        vec!["--oom-score-adj=2000"],
+        vec!["--nodeport-addresses=primary,primary"],
+        vec!["--feature-gates=MultiCIDRServiceAllocator=false"],
+        vec!["--no-such-flag"],
+    ] {
+        let args: Vec<String> = bad.iter().map(|s| s.to_string()).collect();
+        for bin in [&real, &ours] {
+            let out = Command::new(bin)
+                .args(&args)
+                .arg(format!(
+                    "--write-config-to={}",
+                    dir.path().join("x.yaml").display()
+                ))
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "{} accepted {args:?}", bin.display());
+        }
+    }
+}

@@ -70,7 +70,7 @@ pub fn to_value(cfg: &ProxyConfig) -> Value {
             "kubeconfig": cfg.kubeconfig.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
             "acceptContentTypes": cfg.client.accept_content_types,
             "contentType": cfg.client.content_type,
-            "qps": cfg.client.qps,
+            "qps": go_float32(cfg.client.qps),
             "burst": cfg.client.burst,
         },
         "logging": logging,
@@ -133,6 +133,11 @@ pub fn to_value(cfg: &ProxyConfig) -> Value {
         out["windowsRunAsService"] = Value::Bool(true);
     }
     out
+}
+
+/// A float32 as Go's encoders print it: the shortest text that reads back, `5` not `5.0`.
+fn go_float32(v: f32) -> Value {
+    serde_json::from_str(&v.to_string()).unwrap_or(Value::Null)
 }
 
 fn stream(split: bool, size: &str) -> Value {

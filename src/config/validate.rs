@@ -108,6 +108,14 @@ pub fn validate(cfg: &ProxyConfig, origin: &str) -> Result<(), ConfigError> {
         ));
     }
     match cfg.logging.format.as_str() {
+        // component-base refuses per-file verbosity outside the text format.
+        "json" if !cfg.logging.vmodule.is_empty() => {
+            return Err(field_err(
+                origin,
+                "logging.vmodule",
+                "only supported for the text log format",
+            ))
+        }
         "text" | "json" => {}
         other => {
             return Err(field_err(
