@@ -9,7 +9,10 @@
 # - Debian's 6.1 kernel for the IPVS guest (tests/guest/prepare-kernel.sh, into
 #   target/guest-kernel);
 # - cargo-nextest (cargo install);
-# - the Helm library, helm-python-sdk (Helm v4's Go SDK behind a C ABI), for the chart tests.
+# - the Helm library, helm-python-sdk (Helm v4's Go SDK behind a C ABI), for the chart tests;
+# - the real Kubernetes v1.37.2 components (kube-proxy, the control plane, etcd), built from
+#   their Go modules by tests/cluster/build.sh into target/k8s/ (socat, openssl and curl for
+#   the control plane it starts), when a Go toolchain is on PATH.
 # The Rust toolchain itself (1.89 or newer, https://rustup.rs) must already be there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +27,7 @@ need=()
 # package:command, the package installed when the command is missing.
 for pkg_cmd in nftables:nft iptables:iptables iproute2:ip conntrack:conntrack ipset:ipset \
   procps:sysctl prometheus:prometheus qemu-system-x86:qemu-system-x86_64 kmod:depmod \
-  python3:python3; do
+  python3:python3 socat:socat openssl:openssl curl:curl; do
   command -v "${pkg_cmd#*:}" >/dev/null 2>&1 || need+=("${pkg_cmd%%:*}")
 done
 # The guest's initramfs needs a statically linked /bin/busybox.
@@ -50,4 +53,14 @@ command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
 if ! python3 -c 'import helm_python' 2>/dev/null; then
   PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check \
     helm-python-sdk==0.2.2
+fi
+
+# The real Kubernetes components, cached in target/k8s/ (about 22 minutes on 2 cores the
+# first time, nothing once built). Without Go the tests that need them are skipped, which
+# SWITCHYARD_REQUIRE_CLUSTER=1 (set by .ci/run) turns into a failure.
+[ -x /usr/local/go/bin/go ] && ! command -v go >/dev/null 2>&1 && export PATH="$PATH:/usr/local/go/bin"
+if command -v go >/dev/null 2>&1; then
+  tests/cluster/build.sh
+else
+  echo "tests/install-deps.sh: no Go toolchain; the real Kubernetes components are not built" >&2
 fi
