@@ -387,33 +387,97 @@ fn endpoint_pod(node: &Ns, tag: &str) -> (Ns, Arc<AtomicBool>) {
     (pod, stop)
 }
 
+/// What serves the service on the node before the image swap.
+#[derive(Clone, Copy, PartialEq)]
+enum Before {
+    /// kube-proxy's iptables layout as our iptables mode writes it (its chain names).
+    OurIptablesLayout,
+    /// The real kube-proxy v1.37.2 in this mode, run against the same API server and then
+    /// stopped, its rules left in the kernel as a replaced pod leaves them.
+    RealKubeProxy(&'static str),
+}
+
 #[test]
 fn image_swap_over_kube_proxys_iptables_layout_loses_no_connection() {
-    let Some(node) = Ns::new("swap") else { return };
-    let (_pod, stop_server) = endpoint_pod(&node, "swap-pod");
+    image_swap(Before::OurIptablesLayout, "swap");
+}
+
+#[test]
+fn image_swap_over_the_real_kube_proxy_in_iptables_mode_loses_no_connection() {
+    if real_kube_proxy().is_some() {
+        image_swap(Before::RealKubeProxy("iptables"), "swapipt");
+    }
+}
+
+#[test]
+fn image_swap_over_the_real_kube_proxy_in_nftables_mode_loses_no_connection() {
+    if real_kube_proxy().is_some() {
+        image_swap(Before::RealKubeProxy("nftables"), "swapnft");
+    }
+}
+
+fn image_swap(before: Before, tag: &str) {
+    let Some(node) = Ns::new(tag) else { return };
+    let (_pod, stop_server) = endpoint_pod(&node, &format!("{tag}-pod"));
     let dir = tempfile::tempdir().unwrap();
     let api = api_in(&node, "10.200.0.2");
-    // kube-proxy's iptables layout (kube-proxy's chain names, as our iptables mode writes
-    // them), serving the service before the swap.
-    let cluster = dir.path().join("cluster.yaml");
-    std::fs::write(
-        &cluster,
-        list(&[service("web", "172.30.0.1"), slice("web", &["10.200.0.2"])]),
-    )
-    .unwrap();
-    node.must(
-        env!("CARGO_BIN_EXE_switchyard"),
-        &[
-            "sync",
-            "--once",
-            "--proxy-mode",
-            "iptables",
-            "--hostname-override",
-            "node-a",
-            "--manifests",
-            cluster.to_str().unwrap(),
-        ],
-    );
+    match before {
+        Before::OurIptablesLayout => {
+            let cluster = dir.path().join("cluster.yaml");
+            std::fs::write(
+                &cluster,
+                list(&[service("web", "172.30.0.1"), slice("web", &["10.200.0.2"])]),
+            )
+            .unwrap();
+            node.must(
+                env!("CARGO_BIN_EXE_switchyard"),
+                &[
+                    "sync",
+                    "--once",
+                    "--proxy-mode",
+                    "iptables",
+                    "--hostname-override",
+                    "node-a",
+                    "--manifests",
+                    cluster.to_str().unwrap(),
+                ],
+            );
+        }
+        Before::RealKubeProxy(mode) => {
+            let real = real_kube_proxy().expect("checked by the caller");
+            let kubeconfig = dir.path().join("real.kubeconfig");
+            std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+            let log = dir.path().join("real-kube-proxy.log");
+            let child = Command::new("ip")
+                .args(["netns", "exec", &node.0])
+                .arg(&real)
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .args([
+                    &format!("--proxy-mode={mode}"),
+                    "--hostname-override=node-a",
+                    "--kube-api-content-type=application/json",
+                    // The conntrack hash size is the whole machine's: leave it alone.
+                    "--conntrack-max-per-core=0",
+                    "--iptables-min-sync-period=0s",
+                ])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .expect("start the real kube-proxy");
+            let real_proc = Proc(child, log);
+            wait_for("the real kube-proxy's rules", &real_proc, || {
+                let rules = if mode == "iptables" {
+                    node.exec("iptables-nft-save", &[]).stdout
+                } else {
+                    node.exec("nft", &["list", "table", "ip", "kube-proxy"])
+                        .stdout
+                };
+                rules.contains("172.30.0.1") && rules.contains("10.200.0.2")
+            });
+            // The old pod goes; its rules stay and keep serving.
+            drop(real_proc);
+        }
+    }
 
     // A client on the node opening connections to the service all along.
     let stop = Arc::new(AtomicBool::new(false));
@@ -458,14 +522,17 @@ fn image_swap_over_kube_proxys_iptables_layout_loses_no_connection() {
     let config = installer_config(dir.path(), KUBEADM_CONFIG, &api);
     let kp = start_kube_proxy(&node, dir.path(), &kubeadm_args(&config));
     wait_for(
-        "nftables programmed and kube-proxy's chains gone",
+        "nftables programmed and kube-proxy's rules gone",
         &kp,
         || {
             let nft = node
                 .exec("nft", &["list", "table", "ip", "switchyard"])
                 .stdout;
             let ipt = node.exec("iptables-nft-save", &[]).stdout;
-            nft.contains("172.30.0.1") && proxy_lines(&ipt).is_empty()
+            let tables = node.exec("nft", &["list", "tables"]).stdout;
+            nft.contains("172.30.0.1")
+                && proxy_lines(&ipt).is_empty()
+                && !tables.contains("kube-proxy")
         },
     );
     let after = ok.load(Ordering::Relaxed);
@@ -488,7 +555,11 @@ fn image_swap_over_kube_proxys_iptables_layout_loses_no_connection() {
         failures.len() + ok.load(Ordering::Relaxed),
         kp.log()
     );
-    assert!(kp.log().contains("KUBE- iptables chains"), "{}", kp.log());
+    let removed = match before {
+        Before::RealKubeProxy("nftables") => "kube-proxy's nftables table",
+        _ => "KUBE- iptables chains",
+    };
+    assert!(kp.log().contains(removed), "{}", kp.log());
 }
 
 /// A valid value for each flag of the pinned release's `kube-proxy --help`.

@@ -393,6 +393,39 @@ fn answer(mut stream: TcpStream, shared: Arc<Shared>, generation: u64) {
         let _ = chunk(&mut stream, &gone.to_string()).and_then(|_| stream.write_all(b"0\r\n\r\n"));
         return;
     }
+    // The streaming list (client-go's WatchList, on in kube-proxy v1.37): the current state
+    // as ADDED events, then a bookmark marked as the end of the initial events.
+    if params.get("sendInitialEvents").map(String::as_str) == Some("true") {
+        let initial: Vec<Value> = st
+            .objects
+            .get(kind)
+            .into_iter()
+            .flat_map(|m| m.values())
+            .filter(|o| selected(o))
+            .cloned()
+            .map(with_type)
+            .collect();
+        let rv_now = st.rv;
+        drop(st);
+        for obj in initial {
+            if chunk(
+                &mut stream,
+                &json!({"type": "ADDED", "object": obj}).to_string(),
+            )
+            .is_err()
+            {
+                return;
+            }
+        }
+        let end = json!({"type":"BOOKMARK","object":{"kind":kind,"apiVersion":api_version,
+            "metadata":{"resourceVersion": rv_now.to_string(),
+                "annotations": {"k8s.io/initial-events-end": "true"}}}});
+        if chunk(&mut stream, &end.to_string()).is_err() {
+            return;
+        }
+        from = rv_now;
+        st = shared.state.lock().unwrap();
+    }
     loop {
         if *shared.generation.lock().unwrap() != generation || Instant::now() > deadline {
             drop(st);
