@@ -288,6 +288,24 @@ pub fn invocation(args: &[String]) -> Result<Invocation, CliError> {
             }
         }
     };
+    // As kube-proxy (verflag before anything else; cobra's help): these answer whatever
+    // else the command line holds.
+    let early = if truthy("help")? {
+        Some(Action::Help)
+    } else {
+        last("version")
+            .filter(|v| v != "false")
+            .map(|v| Action::Version { raw: v == "raw" })
+    };
+    if let Some(action) = early {
+        return Ok(Invocation {
+            action,
+            config: ProxyConfig::default(),
+            master: None,
+            manifests: None,
+            notes: Vec::new(),
+        });
+    }
     let mut notes = Vec::new();
     let config_file = last("config").filter(|c| !c.is_empty());
     let mut cfg = match &config_file {
@@ -365,11 +383,7 @@ pub fn invocation(args: &[String]) -> Result<Invocation, CliError> {
     config::validate(&cfg, config_file.as_deref().unwrap_or("command line"))?;
     notes.extend(feature_gates::not_honoured(&cfg.feature_gates));
 
-    let action = if truthy("help")? {
-        Action::Help
-    } else if let Some(v) = last("version").filter(|v| v != "false") {
-        Action::Version { raw: v == "raw" }
-    } else if let Some(path) = write_config {
+    let action = if let Some(path) = write_config {
         Action::WriteConfig(PathBuf::from(path))
     } else if truthy("cleanup")? {
         Action::Cleanup
@@ -737,6 +751,11 @@ mod tests {
         assert_eq!(a(&["--version"]), Action::Version { raw: false });
         assert_eq!(a(&["--version=raw"]), Action::Version { raw: true });
         assert_eq!(a(&["-h"]), Action::Help);
+        // Answered before a configuration is read, as kube-proxy's verflag does.
+        assert_eq!(
+            a(&["--config=/nonexistent/config.conf", "--version"]),
+            Action::Version { raw: false }
+        );
         assert_eq!(
             a(&["--write-config-to=/tmp/x.yaml"]),
             Action::WriteConfig(PathBuf::from("/tmp/x.yaml"))
