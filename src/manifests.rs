@@ -25,7 +25,7 @@ pub struct Manifests {
 }
 
 impl Manifests {
-    fn push(&mut self, o: Object) {
+    pub(crate) fn push(&mut self, o: Object) {
         match o {
             Object::Service(s) => self.services.push(*s),
             Object::EndpointSlice(s) => self.slices.push(*s),
@@ -57,32 +57,109 @@ pub enum ManifestError {
         field: String,
         message: String,
     },
+    #[error(
+        "{}: too large: {size} bytes, over the limit of {cap} bytes for one manifest file",
+        path.display()
+    )]
+    TooLarge { path: PathBuf, size: u64, cap: u64 },
     #[error("{}: no manifest files (*.yaml, *.yml, *.json) found", path.display())]
     Empty { path: PathBuf },
 }
 
-/// Files to read: the path itself, or the manifest files under a directory, sorted.
-fn files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
-    let read_err = |source| ManifestError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    let meta = std::fs::metadata(path).map_err(read_err)?;
-    if !meta.is_dir() {
-        return Ok(vec![path.to_path_buf()]);
+/// The largest manifest file read, in bytes: a little over [`yaml_options`]' size of the
+/// largest dump we accept (a 100k-service cluster in one file is about 460 MB; the limits take
+/// a dump of that shape up to about 1.2 GB). A larger file is an error naming it and this cap,
+/// found from its size before anything is read.
+pub const MAX_FILE_BYTES: u64 = 1_200_000_000;
+
+/// What identifies one version of a file without reading it: device, inode, size, and the
+/// modification and change times (nanoseconds). An edit in place changes the times and
+/// usually the size; a replacement by rename changes the inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    pub fn of(md: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp {
+            dev: md.dev(),
+            ino: md.ino(),
+            size: md.size(),
+            mtime: (md.mtime(), md.mtime_nsec()),
+            ctime: (md.ctime(), md.ctime_nsec()),
+        }
     }
-    let mut out = Vec::new();
+}
+
+/// One manifest file found under the path.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub path: PathBuf,
+    pub stamp: Stamp,
+    /// The path named on the command line itself (read whatever it is, so that
+    /// `--manifests <(kubectl ...)` works), not a file found in a directory (read only if it
+    /// is a regular file).
+    pub named: bool,
+}
+
+/// The manifest files under a path, sorted, and the entries skipped (one warning each).
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub files: Vec<Found>,
+    pub skipped: Vec<String>,
+}
+
+fn file_type_name(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The files to read, without reading any: the path itself, or the manifest files
+/// (*.yaml, *.yml, *.json, not hidden) under a directory, recursively, sorted. Symbolic links
+/// are followed; a directory reached a second time (a symlink loop such as `a -> .`) and a
+/// manifest name that is not a regular file (a FIFO, a socket, a device) are skipped with a
+/// warning, so nothing here or in [`read_file`] can block or run forever.
+pub fn list(path: &Path) -> Result<Listing, ManifestError> {
+    let read_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ManifestError::Read { path, source }
+    };
+    let meta = std::fs::metadata(path).map_err(read_err(path))?;
+    let mut listing = Listing::default();
+    if !meta.is_dir() {
+        listing.files.push(Found {
+            path: path.to_path_buf(),
+            stamp: Stamp::of(&meta),
+            named: true,
+        });
+        return Ok(listing);
+    }
+    let dir_id = |md: &std::fs::Metadata| {
+        use std::os::unix::fs::MetadataExt;
+        (md.dev(), md.ino())
+    };
+    let mut visited = std::collections::HashSet::from([dir_id(&meta)]);
     let mut stack = vec![path.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|source| ManifestError::Read {
-            path: dir.clone(),
-            source,
-        })?;
+        let entries = std::fs::read_dir(&dir).map_err(read_err(&dir))?;
         for entry in entries {
-            let entry = entry.map_err(|source| ManifestError::Read {
-                path: dir.clone(),
-                source,
-            })?;
+            let entry = entry.map_err(read_err(&dir))?;
             let p = entry.path();
             let hidden = p
                 .file_name()
@@ -91,34 +168,117 @@ fn files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
             if hidden {
                 continue;
             }
-            if p.is_dir() {
-                stack.push(p);
-            } else if matches!(
+            let manifest = matches!(
                 p.extension().and_then(|e| e.to_str()),
                 Some("yaml" | "yml" | "json")
-            ) {
-                out.push(p);
+            );
+            let ft = entry.file_type().map_err(read_err(&p))?;
+            if !(ft.is_dir() || ft.is_symlink() || manifest) {
+                continue;
+            }
+            // Follows a symbolic link; a dangling one with a manifest's name cannot be read.
+            let md = match std::fs::metadata(&p) {
+                Ok(md) => md,
+                Err(e) if manifest => return Err(read_err(&p)(e)),
+                Err(_) => continue,
+            };
+            if md.is_dir() {
+                if visited.insert(dir_id(&md)) {
+                    stack.push(p);
+                } else {
+                    listing.skipped.push(format!(
+                        "{}: skipped: a directory already read (a symbolic link loop?)",
+                        p.display()
+                    ));
+                }
+            } else if !manifest {
+                continue;
+            } else if md.is_file() {
+                listing.files.push(Found {
+                    path: p,
+                    stamp: Stamp::of(&md),
+                    named: false,
+                });
+            } else {
+                listing.skipped.push(format!(
+                    "{}: skipped: {}, not a regular file",
+                    p.display(),
+                    file_type_name(md.file_type())
+                ));
             }
         }
     }
-    out.sort();
-    if out.is_empty() {
+    listing.files.sort_by(|a, b| a.path.cmp(&b.path));
+    listing.skipped.sort();
+    if listing.files.is_empty() {
         return Err(ManifestError::Empty {
             path: path.to_path_buf(),
         });
     }
-    Ok(out)
+    Ok(listing)
 }
 
-/// Load every object under `path`.
+/// Read and parse one file found by [`list`]: the stamp of the version read (taken from the
+/// open file, before reading) and its objects. A file found in a directory is opened without
+/// blocking and read only if it is still a regular file; no file is read past `cap` bytes.
+pub fn read_file(found: &Found, cap: u64) -> Result<(Stamp, Vec<Object>), ManifestError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = &found.path;
+    let read_err = |source| ManifestError::Read {
+        path: path.clone(),
+        source,
+    };
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    if !found.named {
+        opts.custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits());
+    }
+    let file = opts.open(path).map_err(read_err)?;
+    let md = file.metadata().map_err(read_err)?;
+    if !found.named && !md.is_file() {
+        return Err(read_err(std::io::Error::other(format!(
+            "{}, not a regular file",
+            file_type_name(md.file_type())
+        ))));
+    }
+    let too_large = |size| ManifestError::TooLarge {
+        path: path.clone(),
+        size,
+        cap,
+    };
+    if md.is_file() && md.len() > cap {
+        return Err(too_large(md.len()));
+    }
+    let mut bytes = Vec::with_capacity(if md.is_file() {
+        usize::try_from(md.len()).unwrap_or(0)
+    } else {
+        0
+    });
+    file.take(cap.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() as u64 > cap {
+        return Err(too_large(bytes.len() as u64));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| {
+        read_err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        ))
+    })?;
+    Ok((Stamp::of(&md), parse(&text, path)?))
+}
+
+/// Load every object under `path`; skipped entries are logged as warnings.
 pub fn load(path: &Path) -> Result<Manifests, ManifestError> {
+    let listing = list(path)?;
+    for msg in &listing.skipped {
+        tracing::warn!("{msg}");
+    }
     let mut m = Manifests::default();
-    for file in files(path)? {
-        let text = std::fs::read_to_string(&file).map_err(|source| ManifestError::Read {
-            path: file.clone(),
-            source,
-        })?;
-        for o in parse(&text, &file)? {
+    for found in &listing.files {
+        for o in read_file(found, MAX_FILE_BYTES)?.1 {
             m.push(o);
         }
     }
@@ -737,5 +897,98 @@ ports:
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata: { name: web, namespace: ns }\nspec: { clusterIP: 172.30.0.1, ports: [{ port: 80 }] }\n";
+
+    #[test]
+    fn manifest_listing_skips_fifos_and_symlink_loops_and_recurses() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("sub/deeper")).unwrap();
+        std::fs::write(d.join("sub/deeper/a.yaml"), SVC).unwrap();
+        std::fs::write(d.join("b.yml"), SVC).unwrap();
+        std::fs::write(d.join("notes.txt"), "not read").unwrap();
+        nix::unistd::mkfifo(&d.join("pipe.yaml"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::os::unix::fs::symlink(".", d.join("loop")).unwrap();
+        std::os::unix::fs::symlink("../..", d.join("sub/deeper/up")).unwrap();
+        let l = list(d).unwrap();
+        let names: Vec<_> = l
+            .files
+            .iter()
+            .map(|f| f.path.strip_prefix(d).unwrap())
+            .collect();
+        assert_eq!(names, [Path::new("b.yml"), Path::new("sub/deeper/a.yaml")]);
+        assert!(l.files.iter().all(|f| !f.named));
+        assert_eq!(l.skipped.len(), 3, "{:?}", l.skipped);
+        assert!(l
+            .skipped
+            .iter()
+            .any(|s| s.ends_with("pipe.yaml: skipped: a FIFO, not a regular file")));
+        assert!(l
+            .skipped
+            .iter()
+            .any(|s| s.contains("loop: skipped: a directory already read")));
+        assert!(l
+            .skipped
+            .iter()
+            .any(|s| s.contains("up: skipped: a directory already read")));
+        // And loading reads the two files, each once.
+        assert_eq!(load(d).unwrap().services.len(), 2);
+
+        // Only FIFOs: nothing to read is the usual error.
+        let only = tempfile::tempdir().unwrap();
+        nix::unistd::mkfifo(&only.path().join("p.json"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(matches!(
+            list(only.path()),
+            Err(ManifestError::Empty { .. })
+        ));
+    }
+
+    #[test]
+    fn manifest_read_stops_at_the_size_cap_and_refuses_a_replaced_fifo() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("a.yaml");
+        std::fs::write(&f, SVC).unwrap();
+        let found = list(&f).unwrap().files.remove(0);
+        assert!(found.named);
+        let (stamp, objs) = read_file(&found, SVC.len() as u64).unwrap();
+        assert_eq!((stamp, objs.len()), (found.stamp, 1));
+        let e = read_file(&found, SVC.len() as u64 - 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with(&format!(
+                "a.yaml: too large: {} bytes, over the limit of {} bytes for one manifest file",
+                SVC.len(),
+                SVC.len() - 1
+            )),
+            "{e}"
+        );
+        // A sparse file over the real cap is refused from its size, without reading it.
+        let big = dir.path().join("big.yaml");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_FILE_BYTES + 1)
+            .unwrap();
+        let t = std::time::Instant::now();
+        assert!(
+            matches!(load(&big), Err(ManifestError::TooLarge { size, .. }) if size == MAX_FILE_BYTES + 1)
+        );
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        // A file found in a directory that is a FIFO by the time it is opened: refused, not
+        // waited on.
+        let pipe = dir.path().join("p.yaml");
+        nix::unistd::mkfifo(&pipe, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let raced = Found {
+            path: pipe,
+            stamp: found.stamp,
+            named: false,
+        };
+        let e = read_file(&raced, MAX_FILE_BYTES).unwrap_err().to_string();
+        assert!(
+            e.ends_with("p.yaml: cannot read: a FIFO, not a regular file"),
+            "{e}"
+        );
     }
 }

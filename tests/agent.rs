@@ -1344,3 +1344,63 @@ fn http_flood_of_idle_connections_starves_neither_syncs_nor_probes() {
     let status = agent.terminate();
     assert!(status.success(), "{status:?}\n{}", agent.log());
 }
+
+/// Rewrite a file in place (same inode), as `echo > file` or an editor without backups does.
+fn write_in_place(path: &Path, text: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+#[test]
+fn fifos_and_symlink_loops_in_the_manifests_neither_wedge_nor_spin_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("manifests");
+    std::fs::create_dir_all(m.join("sub")).unwrap();
+    let cluster = m.join("sub").join("cluster.yaml");
+    std::fs::write(&cluster, manifests("10.0.0.1")).unwrap();
+    nix::unistd::mkfifo(&m.join("pipe.yaml"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    std::os::unix::fs::symlink(".", m.join("loop")).unwrap();
+    let Some(mut agent) = Agent::namespace("hostile-files") else {
+        return;
+    };
+    agent.spawn(dir.path(), &["--manifests".as_ref(), m.as_os_str()]);
+    agent.wait_ruleset("the first sync", |rs| rs.contains("10.0.0.1"));
+    assert_eq!(agent.get(HEALTH, "/livez").0, 200);
+
+    // An edit in place of a file in a subdirectory is noticed.
+    write_in_place(&cluster, &manifests("10.0.0.22"));
+    agent.wait_ruleset("the edit in a subdirectory", |rs| rs.contains("10.0.0.22"));
+
+    // A broken file beside it: reported once, the rules keep serving, health stays up.
+    let broken = m.join("broken.yaml");
+    std::fs::write(&broken, "kind: Service\nspec: [\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(agent.get(HEALTH, "/livez").0, 200);
+    assert!(agent.ruleset().contains("10.0.0.22"));
+    let log = agent.log();
+    assert_eq!(
+        log.matches("previous manifests stay in effect").count(),
+        1,
+        "{log}"
+    );
+    std::fs::remove_file(&broken).unwrap();
+    write_in_place(&cluster, &manifests("10.0.0.3"));
+    agent.wait_ruleset("the edit after the broken file went", |rs| {
+        rs.contains("10.0.0.3")
+    });
+
+    // Each skipped entry is warned about once, not at every look.
+    let log = agent.log();
+    assert_eq!(
+        log.matches("pipe.yaml: skipped: a FIFO").count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("loop: skipped").count(), 1, "{log}");
+    assert_eq!(agent.get(HEALTH, "/livez").0, 200);
+    assert!(agent.terminate().success(), "{}", agent.log());
+}

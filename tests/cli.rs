@@ -361,3 +361,113 @@ fn render_ipvs_shows_services_addresses_sets_and_rules() {
         "{err}"
     );
 }
+
+/// Run `program args` with stdout and stderr in files, killed after `limit`: the output, or
+/// a panic saying it hung.
+fn run_bounded(program: &str, args: &[&str], limit: std::time::Duration) -> Output {
+    let out = tempfile::NamedTempFile::new().expect("temp file");
+    let err = tempfile::NamedTempFile::new().expect("temp file");
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(out.reopen().expect("reopen"))
+        .stderr(err.reopen().expect("reopen"))
+        .spawn()
+        .expect("spawn");
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{program} {args:?} still running after {limit:?}\n{}",
+                std::fs::read_to_string(err.path()).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: std::fs::read(out.path()).expect("read stdout"),
+        stderr: std::fs::read(err.path()).expect("read stderr"),
+    }
+}
+
+/// A manifests directory with the good objects in a subdirectory, beside a FIFO with a
+/// manifest's name, a symbolic link loop and a link to a directory read already.
+fn hostile_manifest_dir(dir: &Path) -> std::path::PathBuf {
+    let m = dir.join("manifests");
+    std::fs::create_dir_all(m.join("sub")).unwrap();
+    write(&m.join("sub"), "good.yaml", GOOD);
+    nix::unistd::mkfifo(&m.join("pipe.yaml"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    std::os::unix::fs::symlink(".", m.join("loop")).unwrap();
+    std::os::unix::fs::symlink("..", m.join("sub").join("up")).unwrap();
+    m
+}
+
+#[test]
+fn render_and_sync_skip_fifos_and_symlink_loops_with_a_warning() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = hostile_manifest_dir(dir.path());
+    let m = m.to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_switchyard");
+    let limit = std::time::Duration::from_secs(20);
+    let out = run_bounded(bin, &["render", "--manifests", m], limit);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(text(&out.stdout).contains("172.30.0.1"), "{err}");
+    assert!(
+        err.contains("pipe.yaml: skipped: a FIFO, not a regular file"),
+        "{err}"
+    );
+    assert!(
+        err.contains("loop: skipped: a directory already read"),
+        "{err}"
+    );
+
+    let Some(ns) = Netns::new("hostile") else {
+        return;
+    };
+    let out = run_bounded(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &ns.0,
+            bin,
+            "sync",
+            "--once",
+            "--manifests",
+            m,
+        ],
+        limit,
+    );
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("pipe.yaml: skipped"), "{err}");
+}
+
+#[test]
+fn a_manifest_file_over_the_size_limit_is_refused_unread() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let big = dir.path().join("big.yaml");
+    // Sparse: 2 GiB that take no disk and would take 2 GiB of memory to read whole.
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    let out = run_bounded(
+        env!("CARGO_BIN_EXE_switchyard"),
+        &["render", "--manifests", big.to_str().unwrap()],
+        std::time::Duration::from_secs(20),
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("big.yaml: too large: 2147483648 bytes, over the limit of 1200000000 bytes"),
+        "{err}"
+    );
+}

@@ -218,11 +218,12 @@ async fn run_async(
             "API server"
         }
         Source::Files(path) => {
-            for ev in file_source::initial(&path)? {
+            let (events, watcher) = file_source::initial(&path)?;
+            for ev in events {
                 // The channel is fresh and larger than four events.
                 let _ = tx.try_send(Arrival::now(ev));
             }
-            tokio::spawn(file_source::watch(path, tx));
+            file_source::spawn(watcher, tx).map_err(AgentError::Runtime)?;
             "manifest"
         }
     };
