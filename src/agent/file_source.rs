@@ -36,6 +36,9 @@ fn stamp(path: &Path) -> Stamp {
 
 /// The events that replace every kind with what the manifests hold.
 pub fn replace_all(m: Manifests) -> Vec<SourceEvent> {
+    for d in &m.duplicates {
+        tracing::warn!("{d}");
+    }
     vec![
         SourceEvent::Replace(
             Kind::Service,

@@ -306,9 +306,12 @@ impl Store {
     fn upsert(&mut self, obj: Object, now: Instant) -> Recorded {
         let kind = kind_of(&obj);
         let key = object_key(&obj);
+        // Values corrected or dropped in conversion (the object itself is programmed).
+        let mut warnings = Vec::new();
         match obj {
-            Object::Service(svc) => match convert::service_gated(&svc, &self.cfg) {
+            Object::Service(svc) => match convert::service_gated(&svc, &self.cfg, &mut warnings) {
                 Ok(ports) => {
+                    warn_all(&warnings);
                     self.invalid.remove(&(kind, key.clone()));
                     self.set_service(key, ports, now)
                 }
@@ -327,8 +330,9 @@ impl Store {
                     .as_ref()
                     .and_then(|l| l.get(LABEL_SERVICE_NAME))
                     .map(|s| (key.0.clone(), s.clone()));
-                match (convert::endpoint_slice(&slice), service) {
+                match (convert::endpoint_slice(&slice, &mut warnings), service) {
                     (Ok(endpoints), Some(service)) => {
+                        warn_all(&warnings);
                         self.invalid.remove(&(kind, key.clone()));
                         let entry = SliceEntry {
                             service,
@@ -557,6 +561,12 @@ impl Store {
             self.snapshot.node = node;
             self.node_changed = true;
         }
+    }
+}
+
+fn warn_all(warnings: &[String]) {
+    for w in warnings {
+        tracing::warn!("{w}");
     }
 }
 
