@@ -2,7 +2,7 @@
 //! names the object and the field) whatever kube-proxy would not or could not program.
 
 use dataplane::model::{
-    Endpoint, IpFamily, Protocol, ServicePort, ServicePortName, SessionAffinity,
+    Endpoint, IpFamily, Protocol, Seniority, ServicePort, ServicePortName, SessionAffinity,
     TrafficDistribution, TrafficPolicy,
 };
 use ipnetwork::IpNetwork;
@@ -233,6 +233,14 @@ pub fn service(svc: &Service, warnings: &mut Vec<String>) -> Result<Vec<ServiceP
             )
         })?);
     }
+    // For contested front ends (dataplane::frontends): the older Service wins.
+    let seniority = Seniority {
+        created: meta
+            .creation_timestamp
+            .as_ref()
+            .map_or(i64::MAX, |t| t.0.as_second()),
+        uid: meta.uid.clone().unwrap_or_default(),
+    };
     let affinity = match spec.session_affinity.as_deref() {
         Some("ClientIP") => SessionAffinity::ClientIp {
             timeout_seconds: affinity_timeout(&object, spec, warnings),
@@ -294,6 +302,7 @@ pub fn service(svc: &Service, warnings: &mut Vec<String>) -> Result<Vec<ServiceP
         for ip in &cluster_ips {
             let fam = IpFamily::of(ip);
             out.push(ServicePort {
+                seniority: seniority.clone(),
                 name: ServicePortName::new(ns, name, &pname, proto),
                 family: fam,
                 cluster_ip: *ip,

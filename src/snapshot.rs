@@ -231,5 +231,9 @@ pub fn build(
     }
     convert::normalize(&mut endpoints);
     snapshot.endpoints = endpoints;
+    // Contested front ends are decided here, once, for every backend.
+    skipped
+        .warnings
+        .extend(dataplane::frontends::resolve_snapshot(&mut snapshot));
     (snapshot, skipped)
 }
