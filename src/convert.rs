@@ -415,6 +415,10 @@ pub fn endpoint_slice(
     for (i, e) in slice.endpoints.iter().flatten().enumerate() {
         // kube-proxy uses the first address; the API guarantees they are one pod's.
         let Some(raw) = e.addresses.first() else {
+            // The API requires one address at least; only a manifest can lack it.
+            warnings.push(format!(
+                "{object}: field endpoints[{i}].addresses: empty; endpoint dropped"
+            ));
             continue;
         };
         let ip = parse_ip(&object, &format!("endpoints[{i}].addresses[0]"), raw)?;
@@ -643,6 +647,15 @@ endpoints: [{ addresses: [10.0.0.1] }]
         let null_port: EndpointSlice = serde_saphyr::from_str("metadata: {name: x, namespace: n, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: all, port: null}, {name: http, port: 80}]\nendpoints: [{addresses: [\"10.1.0.1\"]}]").unwrap();
         let mut warnings = Vec::new();
         let eps = endpoint_slice(&null_port, &mut warnings).unwrap();
+        let no_address: EndpointSlice = serde_saphyr::from_str("metadata: {name: x, namespace: n, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: []}]").unwrap();
+        let mut w = Vec::new();
+        endpoint_slice(&no_address, &mut w).unwrap();
+        assert!(
+            w.len() == 1
+                && w[0].contains("EndpointSlice n/x")
+                && w[0].contains("endpoints[0].addresses"),
+            "{w:?}"
+        );
         assert_eq!(eps.len(), 1);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(
