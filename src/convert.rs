@@ -2,7 +2,7 @@
 //! names the object and the field) whatever kube-proxy would not or could not program.
 
 use dataplane::model::{
-    Endpoint, IpFamily, Protocol, ServicePort, ServicePortName, SessionAffinity,
+    Endpoint, IpFamily, Protocol, Seniority, ServicePort, ServicePortName, SessionAffinity,
     TrafficDistribution, TrafficPolicy,
 };
 use ipnetwork::IpNetwork;
@@ -103,8 +103,9 @@ fn policy(raw: Option<&str>) -> TrafficPolicy {
 pub fn service_gated(
     svc: &Service,
     cfg: &crate::config::ProxyConfig,
+    warnings: &mut Vec<String>,
 ) -> Result<Vec<ServicePort>, Skip> {
-    let mut ports = service(svc)?;
+    let mut ports = service(svc, warnings)?;
     if !cfg.gate("AllowServiceExternalIPs") {
         for p in &mut ports {
             p.external_ips.clear();
@@ -113,7 +114,9 @@ pub fn service_gated(
     Ok(ports)
 }
 
-pub fn service(svc: &Service) -> Result<Vec<ServicePort>, Skip> {
+/// Convert one Service. Values kept in a corrected form (a clamped timeout) add a warning
+/// naming the object and the field to `warnings`.
+pub fn service(svc: &Service, warnings: &mut Vec<String>) -> Result<Vec<ServicePort>, Skip> {
     let meta = &svc.metadata;
     let ns = meta.namespace.as_deref().unwrap_or("default");
     let name = meta.name.as_deref().unwrap_or_default();
@@ -230,15 +233,17 @@ pub fn service(svc: &Service) -> Result<Vec<ServicePort>, Skip> {
             )
         })?);
     }
+    // For contested front ends (dataplane::frontends): the older Service wins.
+    let seniority = Seniority {
+        created: meta
+            .creation_timestamp
+            .as_ref()
+            .map_or(i64::MAX, |t| t.0.as_second()),
+        uid: meta.uid.clone().unwrap_or_default(),
+    };
     let affinity = match spec.session_affinity.as_deref() {
         Some("ClientIP") => SessionAffinity::ClientIp {
-            timeout_seconds: spec
-                .session_affinity_config
-                .as_ref()
-                .and_then(|c| c.client_ip.as_ref())
-                .and_then(|c| c.timeout_seconds)
-                .map(|t| t.clamp(1, 86400) as u32)
-                .unwrap_or(10800),
+            timeout_seconds: affinity_timeout(&object, spec, warnings),
         },
         _ => SessionAffinity::None,
     };
@@ -297,6 +302,7 @@ pub fn service(svc: &Service) -> Result<Vec<ServicePort>, Skip> {
         for ip in &cluster_ips {
             let fam = IpFamily::of(ip);
             out.push(ServicePort {
+                seniority: seniority.clone(),
                 name: ServicePortName::new(ns, name, &pname, proto),
                 family: fam,
                 cluster_ip: *ip,
@@ -328,11 +334,41 @@ pub fn service(svc: &Service) -> Result<Vec<ServicePort>, Skip> {
     Ok(out)
 }
 
+/// sessionAffinityConfig.clientIP.timeoutSeconds: 10800 when unset; the API allows 1-86400
+/// (kube-proxy never sees anything else), so a manifest's value outside is clamped, with a
+/// warning naming the object, the field and both values.
+fn affinity_timeout(
+    object: &str,
+    spec: &k8s_openapi::api::core::v1::ServiceSpec,
+    warnings: &mut Vec<String>,
+) -> u32 {
+    let Some(t) = spec
+        .session_affinity_config
+        .as_ref()
+        .and_then(|c| c.client_ip.as_ref())
+        .and_then(|c| c.timeout_seconds)
+    else {
+        return 10800;
+    };
+    let clamped = t.clamp(1, 86400);
+    if clamped != t {
+        warnings.push(format!(
+            "{object}: field spec.sessionAffinityConfig.clientIP.timeoutSeconds: {t} is out of range 1-86400; {clamped} is used"
+        ));
+    }
+    clamped as u32
+}
+
 /// The endpoints one slice contributes, keyed by the service port they belong to.
 pub type SliceEndpoints = BTreeMap<ServicePortName, Vec<Endpoint>>;
 
-/// Convert one EndpointSlice. FQDN slices and slices without the service-name label yield nothing.
-pub fn endpoint_slice(slice: &EndpointSlice) -> Result<SliceEndpoints, Skip> {
+/// Convert one EndpointSlice. Slices without the service-name label are not proxied; an
+/// addressType other than IPv4 or IPv6 (FQDN, as kube-proxy ignores) is skipped with a warning.
+/// A port without a number is dropped with a warning in `warnings` naming the slice and the field.
+pub fn endpoint_slice(
+    slice: &EndpointSlice,
+    warnings: &mut Vec<String>,
+) -> Result<SliceEndpoints, Skip> {
     let meta = &slice.metadata;
     let ns = meta.namespace.as_deref().unwrap_or("default");
     let name = meta.name.as_deref().unwrap_or_default();
@@ -347,10 +383,14 @@ pub fn endpoint_slice(slice: &EndpointSlice) -> Result<SliceEndpoints, Skip> {
         "IPv4" => IpFamily::V4,
         "IPv6" => IpFamily::V6,
         other => {
-            return Err(Skip::NotProxied {
-                object,
-                why: format!("addressType {other}"),
-            })
+            // kube-proxy programs IPv4 and IPv6 slices only (FQDN ones are for DNS): the
+            // slice is skipped, but with a warning, since its endpoints then serve nothing.
+            return Err(invalid(
+                &object,
+                "addressType",
+                format!("{other:?} is not IPv4 or IPv6, so it cannot be proxied"),
+                "unsupported_address_type",
+            ));
         }
     };
     let mut ports = Vec::new();
@@ -362,6 +402,10 @@ pub fn endpoint_slice(slice: &EndpointSlice) -> Result<SliceEndpoints, Skip> {
         )?;
         let Some(num) = p.port else {
             // A port without a number is "all ports": nothing kube-proxy can DNAT to.
+            warnings.push(format!(
+                "{object}: field ports[{i}].port: null (all ports) cannot be a DNAT target; port {:?} dropped",
+                p.name.as_deref().unwrap_or_default()
+            ));
             continue;
         };
         let num = port_number(&object, &format!("ports[{i}].port"), num, false)?;
@@ -371,6 +415,10 @@ pub fn endpoint_slice(slice: &EndpointSlice) -> Result<SliceEndpoints, Skip> {
     for (i, e) in slice.endpoints.iter().flatten().enumerate() {
         // kube-proxy uses the first address; the API guarantees they are one pod's.
         let Some(raw) = e.addresses.first() else {
+            // The API requires one address at least; only a manifest can lack it.
+            warnings.push(format!(
+                "{object}: field endpoints[{i}].addresses: empty; endpoint dropped"
+            ));
             continue;
         };
         let ip = parse_ip(&object, &format!("endpoints[{i}].addresses[0]"), raw)?;
@@ -461,7 +509,7 @@ spec:
   ports: [{ name: http, port: 80, nodePort: 30080 }, { name: dns, port: 53, protocol: UDP, nodePort: 30053 }]
 status: { loadBalancer: { ingress: [{ ip: 1.2.3.4 }, { ip: 5.6.7.8, ipMode: Proxy }] } }
 "#);
-        let ports = service(&s).unwrap();
+        let ports = service(&s, &mut Vec::new()).unwrap();
         assert_eq!(ports.len(), 4);
         let v4 = ports
             .iter()
@@ -492,13 +540,13 @@ status: { loadBalancer: { ingress: [{ ip: 1.2.3.4 }, { ip: 5.6.7.8, ipMode: Prox
             ("metadata: {name: a, labels: {service.kubernetes.io/service-proxy-name: other}}\nspec: {clusterIP: 10.0.0.1}", "another proxy"),
             ("metadata: {name: a, labels: {service.kubernetes.io/headless: ''}}\nspec: {clusterIP: 10.0.0.1}", "headless"),
         ] {
-            match service(&svc(yaml)) {
+            match service(&svc(yaml), &mut Vec::new()) {
                 Err(Skip::NotProxied { why: w, .. }) => assert!(w.contains(why), "{w}"),
                 other => panic!("{yaml}: {other:?}"),
             }
         }
         let ours = svc("metadata: {name: a, labels: {service.kubernetes.io/service-proxy-name: switchyard}}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}");
-        assert_eq!(service(&ours).unwrap().len(), 1);
+        assert_eq!(service(&ours, &mut Vec::new()).unwrap().len(), 1);
     }
 
     #[test]
@@ -508,7 +556,7 @@ status: { loadBalancer: { ingress: [{ ip: 1.2.3.4 }, { ip: 5.6.7.8, ipMode: Prox
             ("metadata: {name: a, namespace: n}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 70000}]}", "spec.ports[0].port"),
             ("metadata: {name: a, namespace: n}\nspec: {clusterIP: 10.0.0.1, ipFamilies: [IPv6], ports: [{port: 80}]}", "spec.ipFamilies[0]"),
         ] {
-            match service(&svc(yaml)) {
+            match service(&svc(yaml), &mut Vec::new()) {
                 Err(Skip::Invalid { field: f, object, .. }) => {
                     assert_eq!(f, field);
                     assert_eq!(object, "Service n/a");
@@ -538,8 +586,8 @@ endpoints: [{ addresses: [10.0.0.1] }]
         )
         .unwrap();
         let mut all = BTreeMap::new();
-        merge(&mut all, endpoint_slice(&a).unwrap());
-        merge(&mut all, endpoint_slice(&b).unwrap());
+        merge(&mut all, endpoint_slice(&a, &mut Vec::new()).unwrap());
+        merge(&mut all, endpoint_slice(&b, &mut Vec::new()).unwrap());
         normalize(&mut all);
         let key = ServicePortName::new("ns", "s", "https", Protocol::Tcp);
         let eps = &all[&key];
@@ -552,11 +600,67 @@ endpoints: [{ addresses: [10.0.0.1] }]
     fn slice_family_mismatch_is_invalid() {
         let s: EndpointSlice = serde_saphyr::from_str("metadata: {name: x, namespace: n, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: [\"fd00::1\"]}]").unwrap();
         assert!(matches!(
-            endpoint_slice(&s),
+            endpoint_slice(&s, &mut Vec::new()),
             Err(Skip::Invalid {
                 reason: "family_mismatch",
                 ..
             })
         ));
+    }
+
+    /// Every clamp and drop names the object and the field (issue 29).
+    #[test]
+    fn convert_clamps_and_drops_name_object_and_field() {
+        for (t, used) in [(0, 1), (-5, 1), (86401, 86400)] {
+            let yaml = format!("metadata: {{name: a, namespace: n}}\nspec: {{clusterIP: 10.0.0.1, ports: [{{port: 80}}], sessionAffinity: ClientIP, sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {t}}}}}}}");
+            let mut warnings = Vec::new();
+            let ports = service(&svc(&yaml), &mut warnings).unwrap();
+            assert_eq!(
+                ports[0].session_affinity,
+                SessionAffinity::ClientIp {
+                    timeout_seconds: used
+                }
+            );
+            assert_eq!(warnings.len(), 1, "{t}: {warnings:?}");
+            assert!(
+                warnings[0].contains("Service n/a")
+                    && warnings[0].contains("spec.sessionAffinityConfig.clientIP.timeoutSeconds")
+                    && warnings[0].contains(&t.to_string()),
+                "{warnings:?}"
+            );
+        }
+        let mut warnings = Vec::new();
+        service(&svc("metadata: {name: a, namespace: n}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}], sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}}"), &mut warnings).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+
+        let fqdn: EndpointSlice = serde_saphyr::from_str("metadata: {name: x, namespace: n, labels: {kubernetes.io/service-name: s}}\naddressType: FQDN\nports: [{port: 80}]\nendpoints: [{addresses: [\"a.example\"]}]").unwrap();
+        match endpoint_slice(&fqdn, &mut Vec::new()) {
+            Err(Skip::Invalid { object, field, .. }) => {
+                assert_eq!(
+                    (object.as_str(), field.as_str()),
+                    ("EndpointSlice n/x", "addressType")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let null_port: EndpointSlice = serde_saphyr::from_str("metadata: {name: x, namespace: n, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: all, port: null}, {name: http, port: 80}]\nendpoints: [{addresses: [\"10.1.0.1\"]}]").unwrap();
+        let mut warnings = Vec::new();
+        let eps = endpoint_slice(&null_port, &mut warnings).unwrap();
+        let no_address: EndpointSlice = serde_saphyr::from_str("metadata: {name: x, namespace: n, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: []}]").unwrap();
+        let mut w = Vec::new();
+        endpoint_slice(&no_address, &mut w).unwrap();
+        assert!(
+            w.len() == 1
+                && w[0].contains("EndpointSlice n/x")
+                && w[0].contains("endpoints[0].addresses"),
+            "{w:?}"
+        );
+        assert_eq!(eps.len(), 1);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("EndpointSlice n/x") && warnings[0].contains("ports[0].port"),
+            "{warnings:?}"
+        );
     }
 }

@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// One object read from a manifest.
@@ -22,10 +23,70 @@ pub struct Manifests {
     pub slices: Vec<EndpointSlice>,
     pub nodes: Vec<Node>,
     pub service_cidrs: Vec<ServiceCIDR>,
+    /// One warning per object defined more than once, naming both places.
+    pub duplicates: Vec<String>,
+}
+
+/// (kind, namespace, name) of an object, for finding one defined twice.
+pub(crate) type Identity = (&'static str, String, String);
+
+fn identity(o: &Object) -> Identity {
+    let (kind, meta, namespaced) = match o {
+        Object::Service(s) => ("Service", &s.metadata, true),
+        Object::EndpointSlice(s) => ("EndpointSlice", &s.metadata, true),
+        Object::Node(n) => ("Node", &n.metadata, false),
+        Object::ServiceCidr(c) => ("ServiceCIDR", &c.metadata, false),
+    };
+    let ns = match (namespaced, meta.namespace.as_deref()) {
+        (false, _) => String::new(),
+        (true, ns) => ns.unwrap_or("default").to_string(),
+    };
+    (kind, ns, meta.name.clone().unwrap_or_default())
+}
+
+/// Where an object was read, for the warning about an object defined twice.
+pub(crate) fn place(path: &Path, index: usize) -> String {
+    format!("{} (object {})", path.display(), index + 1)
 }
 
 impl Manifests {
-    pub(crate) fn push(&mut self, o: Object) {
+    /// Add `o`, read at `place`. An object defined twice (same kind, namespace and name) is
+    /// never merged: the copy read last, in sorted file order and then document order (as
+    /// `kubectl apply -f` of the same files would leave it), replaces the earlier one whole,
+    /// and a warning names both places.
+    pub(crate) fn push(
+        &mut self,
+        o: Object,
+        place: String,
+        seen: &mut BTreeMap<Identity, (usize, String)>,
+    ) {
+        let id = identity(&o);
+        let index = match &o {
+            Object::Service(_) => self.services.len(),
+            Object::EndpointSlice(_) => self.slices.len(),
+            Object::Node(_) => self.nodes.len(),
+            Object::ServiceCidr(_) => self.service_cidrs.len(),
+        };
+        if let Some((at, earlier)) = seen.get(&id).cloned() {
+            let (kind, ns, name) = &id;
+            let shown = if ns.is_empty() {
+                name.clone()
+            } else {
+                format!("{ns}/{name}")
+            };
+            self.duplicates.push(format!(
+                "{kind} {shown} is defined twice, at {earlier} and at {place}; the later one is used whole"
+            ));
+            seen.insert(id, (at, place));
+            match o {
+                Object::Service(s) => self.services[at] = *s,
+                Object::EndpointSlice(s) => self.slices[at] = *s,
+                Object::Node(n) => self.nodes[at] = *n,
+                Object::ServiceCidr(c) => self.service_cidrs[at] = *c,
+            }
+            return;
+        }
+        seen.insert(id, (index, place));
         match o {
             Object::Service(s) => self.services.push(*s),
             Object::EndpointSlice(s) => self.slices.push(*s),
@@ -277,9 +338,10 @@ pub fn load(path: &Path) -> Result<Manifests, ManifestError> {
         tracing::warn!("{msg}");
     }
     let mut m = Manifests::default();
+    let mut seen = BTreeMap::new();
     for found in &listing.files {
-        for o in read_file(found, MAX_FILE_BYTES)?.1 {
-            m.push(o);
+        for (i, o) in read_file(found, MAX_FILE_BYTES)?.1.into_iter().enumerate() {
+            m.push(o, place(&found.path, i), &mut seen);
         }
     }
     Ok(m)
@@ -573,6 +635,38 @@ fn decode_all(
 mod tests {
     use super::*;
 
+    /// A Service in two files is not merged port by port: the later file's copy wins whole,
+    /// with a warning naming both places (issue 29).
+    #[test]
+    fn an_object_defined_twice_is_taken_whole_from_the_last_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("a.yaml"),
+            "kind: Service\napiVersion: v1\nmetadata: {name: web, namespace: ns}\nspec: {clusterIP: 10.96.0.1, ports: [{name: http, port: 80}, {name: https, port: 443}]}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("b.yaml"),
+            "kind: Service\napiVersion: v1\nmetadata: {name: other, namespace: ns}\nspec: {clusterIP: 10.96.0.3, ports: [{port: 53}]}\n---\nkind: Service\napiVersion: v1\nmetadata: {name: web, namespace: ns}\nspec: {clusterIP: 10.96.0.2, ports: [{name: http, port: 8080}]}\n",
+        )
+        .unwrap();
+        let m = load(dir.path()).unwrap();
+        assert_eq!(m.services.len(), 2);
+        let web = &m.services[0];
+        assert_eq!(web.metadata.name.as_deref(), Some("web"));
+        let spec = web.spec.as_ref().unwrap();
+        assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.2"));
+        assert_eq!(spec.ports.as_ref().unwrap().len(), 1);
+        assert_eq!(m.duplicates.len(), 1, "{:?}", m.duplicates);
+        let w = &m.duplicates[0];
+        assert!(
+            w.contains("Service ns/web")
+                && w.contains("a.yaml (object 1)")
+                && w.contains("b.yaml (object 2)"),
+            "{w}"
+        );
+    }
+
     #[test]
     fn multi_document_and_lists() {
         let text = r#"
@@ -755,7 +849,9 @@ ports:
         let objs = parse_yaml(&text, Path::new("dump.yaml"), options).unwrap();
         let took = t.elapsed();
         let mut m = Manifests::default();
-        objs.into_iter().for_each(|o| m.push(o));
+        let mut seen = BTreeMap::new();
+        objs.into_iter()
+            .for_each(|o| m.push(o, String::new(), &mut seen));
         assert_eq!((m.services.len(), m.slices.len()), (n, n));
         let last = m.slices[n - 1].endpoints.as_deref().unwrap_or_default();
         assert_eq!(last.len(), per);

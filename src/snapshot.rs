@@ -151,17 +151,23 @@ pub fn node_config(
     let service_cidrs: Vec<IpNetwork> = service_cidrs
         .iter()
         .flat_map(|c| {
+            let name = c.metadata.name.clone().unwrap_or_default();
             c.spec
                 .as_ref()
                 .and_then(|s| s.cidrs.clone())
                 .unwrap_or_default()
+                .into_iter()
+                .enumerate()
+                .map(move |(i, cidr)| (name.clone(), i, cidr))
         })
-        .filter_map(|c| match c.parse() {
+        .filter_map(|(name, i, c)| match c.parse() {
             Ok(n) => Some(n),
             Err(_) => {
                 skipped.invalid.push((
                     "bad_address",
-                    format!("ServiceCIDR: {c:?} is not a CIDR; ignored"),
+                    format!(
+                        "ServiceCIDR {name}: field spec.cidrs[{i}]: {c:?} is not a CIDR; ignored"
+                    ),
                 ));
                 None
             }
@@ -188,6 +194,7 @@ pub fn build(
     interfaces: &dyn NodeAddressSource,
 ) -> (Snapshot, Skipped) {
     let mut skipped = Skipped::default();
+    skipped.warnings.extend(objs.duplicates.iter().cloned());
     let name = node_name(cfg);
     let node_obj = objs
         .nodes
@@ -206,7 +213,7 @@ pub fn build(
         ..Snapshot::default()
     };
     for svc in &objs.services {
-        match convert::service_gated(svc, cfg) {
+        match convert::service_gated(svc, cfg, &mut skipped.warnings) {
             Ok(ports) => {
                 for p in ports {
                     snapshot.services.insert((p.name.clone(), p.family), p);
@@ -217,12 +224,16 @@ pub fn build(
     }
     let mut endpoints = BTreeMap::new();
     for slice in &objs.slices {
-        match convert::endpoint_slice(slice) {
+        match convert::endpoint_slice(slice, &mut skipped.warnings) {
             Ok(eps) => convert::merge(&mut endpoints, eps),
             Err(s) => skipped.record(s),
         }
     }
     convert::normalize(&mut endpoints);
     snapshot.endpoints = endpoints;
+    // Contested front ends are decided here, once, for every backend.
+    skipped
+        .warnings
+        .extend(dataplane::frontends::resolve_snapshot(&mut snapshot));
     (snapshot, skipped)
 }

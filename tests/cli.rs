@@ -471,3 +471,71 @@ fn a_manifest_file_over_the_size_limit_is_refused_unread() {
         "{err}"
     );
 }
+
+/// CVE-2020-8554 class (issue 29): a Service in namespace `aaa` (first in name order, and
+/// older) whose external IP is another Service's ClusterIP does not take that ClusterIP's
+/// traffic in any mode; `render` warns naming both, as `sync` does.
+#[test]
+fn an_external_ip_never_takes_a_cluster_ip_in_any_mode() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = write(
+        dir.path(),
+        "contested.yaml",
+        r#"
+apiVersion: v1
+kind: Service
+metadata: { name: evil, namespace: aaa, creationTimestamp: "2020-01-01T00:00:00Z" }
+spec: { clusterIP: 10.96.0.99, externalIPs: [10.96.0.10], ports: [{ name: dns, port: 53 }] }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: evil-1, namespace: aaa, labels: { kubernetes.io/service-name: evil } }
+addressType: IPv4
+ports: [{ name: dns, port: 5353 }]
+endpoints: [{ addresses: [10.0.0.66] }]
+---
+apiVersion: v1
+kind: Service
+metadata: { name: dns, namespace: kube-system, creationTimestamp: "2024-01-01T00:00:00Z" }
+spec: { clusterIP: 10.96.0.10, ports: [{ name: dns, port: 53 }] }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: dns-1, namespace: kube-system, labels: { kubernetes.io/service-name: dns } }
+addressType: IPv4
+ports: [{ name: dns, port: 5353 }]
+endpoints: [{ addresses: [10.0.0.53] }]
+"#,
+    );
+    for mode in ["nftables", "iptables", "ipvs"] {
+        let cfg = write(
+            dir.path(),
+            &format!("{mode}.yaml"),
+            &format!("kind: KubeProxyConfiguration\nmode: {mode}\nclusterCIDR: 10.0.0.0/8\n"),
+        );
+        let out = switchyard(&["render", "--config", &cfg, "--manifests", &m]);
+        assert!(out.status.success(), "{mode}: {}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("front end 10.96.0.10:53/tcp")
+                && err.contains("aaa/evil:dns/tcp")
+                && err.contains("kube-system/dns:dns/tcp"),
+            "{mode}: no conflict warning in:\n{err}"
+        );
+        let out = switchyard(&[
+            "trace",
+            "--config",
+            &cfg,
+            "--manifests",
+            &m,
+            "--from",
+            "10.0.0.9",
+            "--to",
+            "10.96.0.10:53/TCP",
+        ]);
+        assert!(out.status.success(), "{mode}: {}", text(&out.stderr));
+        let got = text(&out.stdout);
+        assert!(got.contains("DNAT to 10.0.0.53:5353"), "{mode}:\n{got}");
+        assert!(!got.contains("10.0.0.66"), "{mode}:\n{got}");
+    }
+}

@@ -463,7 +463,8 @@ mod iptables_mode {
 
 /// Switchyard's own scenarios (`tests/conformance/own-cases.json`: topology hints,
 /// dual-stack, UDP through every front end, loadBalancerSourceRanges, the NodeCIDR,
-/// InterfaceNamePrefix and BridgeInterface local-traffic detectors), in both modes.
+/// InterfaceNamePrefix and BridgeInterface local-traffic detectors, an external IP that
+/// contests another Service's ClusterIP), in both modes.
 mod own_cases {
     use super::*;
 
@@ -504,6 +505,7 @@ mod own_cases {
         detect_interface_prefix => "own-detect-interface-prefix",
         detect_bridge => "own-detect-bridge",
         etp_local_no_local_endpoint => "own-etp-local-no-local-endpoint",
+        contested_frontend => "own-contested-frontend",
     }
 }
 

@@ -142,6 +142,30 @@ pub struct ServicePort {
     pub traffic_distribution: TrafficDistribution,
     /// 0 when none.
     pub health_check_node_port: u16,
+    /// Who wins a front end contested by services of the same claim kind
+    /// ([`crate::frontends`]): not programmed itself.
+    #[serde(skip)]
+    pub seniority: Seniority,
+}
+
+/// The age of the Service a port belongs to, for deciding contested front ends without
+/// regard to names: the older creationTimestamp wins, then the smaller uid; only when both
+/// are equal or unknown (manifests often carry neither) does namespace/name decide.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Seniority {
+    /// creationTimestamp in seconds since the epoch; `i64::MAX` when unknown (youngest).
+    pub created: i64,
+    /// metadata.uid; empty when unknown.
+    pub uid: String,
+}
+
+impl Default for Seniority {
+    fn default() -> Self {
+        Seniority {
+            created: i64::MAX,
+            uid: String::new(),
+        }
+    }
 }
 
 impl ServicePort {
@@ -161,6 +185,7 @@ impl ServicePort {
             session_affinity: SessionAffinity::None,
             traffic_distribution: TrafficDistribution::Unset,
             health_check_node_port: 0,
+            seniority: Seniority::default(),
         }
     }
 

@@ -23,6 +23,9 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The events that replace every kind with what the manifests hold.
 pub fn replace_all(m: Manifests) -> Vec<SourceEvent> {
+    for d in &m.duplicates {
+        tracing::warn!("{d}");
+    }
     vec![
         SourceEvent::Replace(
             Kind::Service,
@@ -177,9 +180,14 @@ impl Watcher {
     /// Every file's objects, in path order (as [`manifests::load`] reads them).
     fn merged(&self) -> Manifests {
         let mut m = Manifests::default();
-        for o in self.files.values().filter_map(|e| e.parsed.as_ref().ok()) {
-            for o in o {
-                m.push(o.clone());
+        let mut seen = std::collections::BTreeMap::new();
+        for (path, objects) in self
+            .files
+            .iter()
+            .filter_map(|(p, e)| e.parsed.as_ref().ok().map(|o| (p, o)))
+        {
+            for (i, o) in objects.iter().enumerate() {
+                m.push(o.clone(), manifests::place(path, i), &mut seen);
             }
         }
         m

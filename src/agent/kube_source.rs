@@ -138,6 +138,7 @@ pub async fn list_once(
             Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
             Err(e) => return Err(e),
         },
+        duplicates: Vec::new(),
     })
 }
 

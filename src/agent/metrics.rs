@@ -27,6 +27,7 @@ pub struct Metrics {
     pub no_local_endpoints: IntGaugeVec,
     pub drift_repairs: IntCounter,
     pub objects_invalid: IntGaugeVec,
+    pub frontend_conflicts: IntGauge,
     pub kernel_operations: Histogram,
     pub event_to_kernel: Histogram,
     pub kernel_checks: Histogram,
@@ -235,6 +236,14 @@ impl Metrics {
                         "Objects whose current version is invalid and is not programmed, by reason",
                     ),
                     &["reason"],
+                )?,
+            )?,
+            frontend_conflicts: register(
+                &r,
+                IntGauge::new(
+                    "switchyard_frontend_conflicts",
+                    "Front-end claims (ClusterIP, external or load-balancer IP with protocol and port) \
+                     that lose to another Service's claim and are not programmed",
                 )?,
             )?,
             kernel_operations: histogram(

@@ -442,6 +442,9 @@ impl Agent {
                 .with_label_values(&[reason])
                 .set(n as i64);
         }
+        self.metrics
+            .frontend_conflicts
+            .set(self.store.frontend_conflicts() as i64);
     }
 
     fn sync(&mut self) {

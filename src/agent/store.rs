@@ -6,6 +6,7 @@ use crate::config::ProxyConfig;
 use crate::convert::{self, Skip, SliceEndpoints, LABEL_SERVICE_NAME};
 use crate::manifests::Object;
 use crate::snapshot::{self, NodeAddressSource, Skipped};
+use dataplane::frontends::Claims;
 use dataplane::model::{Endpoint, ServicePort, ServicePortName, Snapshot};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
@@ -169,6 +170,13 @@ pub struct Store {
     node_changed: bool,
     /// When this store was made; older trigger times are not this process's latency.
     started: SystemTime,
+    /// Every front end claimed by the converted (unresolved) service ports; the snapshot
+    /// holds the ports as [`dataplane::frontends`] decides them.
+    claims: Claims,
+    /// The store key of each service's ports, by the (namespace, name) they carry.
+    owners: HashMap<(String, String), ObjectKey>,
+    /// Lost front-end claims, per service: the messages last warned.
+    lost: HashMap<ObjectKey, Vec<String>>,
 }
 
 impl Store {
@@ -194,6 +202,9 @@ impl Store {
             endpoint_changes: HashMap::new(),
             node_changed: true,
             started: SystemTime::now(),
+            claims: Claims::default(),
+            owners: HashMap::new(),
+            lost: HashMap::new(),
         };
         store.refresh_node();
         store
@@ -306,9 +317,12 @@ impl Store {
     fn upsert(&mut self, obj: Object, now: Instant) -> Recorded {
         let kind = kind_of(&obj);
         let key = object_key(&obj);
+        // Values corrected or dropped in conversion (the object itself is programmed).
+        let mut warnings = Vec::new();
         match obj {
-            Object::Service(svc) => match convert::service_gated(&svc, &self.cfg) {
+            Object::Service(svc) => match convert::service_gated(&svc, &self.cfg, &mut warnings) {
                 Ok(ports) => {
+                    warn_all(&warnings);
                     self.invalid.remove(&(kind, key.clone()));
                     self.set_service(key, ports, now)
                 }
@@ -327,8 +341,9 @@ impl Store {
                     .as_ref()
                     .and_then(|l| l.get(LABEL_SERVICE_NAME))
                     .map(|s| (key.0.clone(), s.clone()));
-                match (convert::endpoint_slice(&slice), service) {
+                match (convert::endpoint_slice(&slice, &mut warnings), service) {
                     (Ok(endpoints), Some(service)) => {
+                        warn_all(&warnings);
                         self.invalid.remove(&(kind, key.clone()));
                         let entry = SliceEntry {
                             service,
@@ -431,10 +446,80 @@ impl Store {
         if old == ports {
             return Recorded::default();
         }
+        // Contested front ends: this service and every other claimant of a front end it
+        // claimed or claims are decided again (dataplane::frontends), so all three modes
+        // program the same winner whatever the order of events.
+        let mut touched = BTreeSet::new();
         for p in &old {
-            self.snapshot.services.remove(&(p.name.clone(), p.family));
+            self.owners
+                .remove(&(p.name.namespace.clone(), p.name.name.clone()));
+            touched.extend(self.claims.remove(p));
         }
         for p in &ports {
+            self.owners
+                .insert((p.name.namespace.clone(), p.name.name.clone()), key.clone());
+            touched.extend(self.claims.add(p));
+        }
+        let mut affected = BTreeSet::from([key.clone()]);
+        for fe in &touched {
+            for c in self.claims.claimants(fe) {
+                if let Some(k) = self
+                    .owners
+                    .get(&(c.name.namespace.clone(), c.name.name.clone()))
+                {
+                    affected.insert(k.clone());
+                }
+            }
+        }
+        for k in affected {
+            let previous = if k == key { &old[..] } else { &[] };
+            self.decide(k, previous, now);
+        }
+        Recorded {
+            service_events: 1,
+            endpoint_events: 0,
+        }
+    }
+
+    /// Put service `key`'s ports into the snapshot as the front-end claims decide them,
+    /// recording a change when what is programmed changes. `old` are the ports the
+    /// snapshot held for the service being set (their names may be gone from its new ports).
+    fn decide(&mut self, key: ObjectKey, old: &[ServicePort], now: Instant) {
+        let raw = self.services.get(&key).cloned().unwrap_or_default();
+        let mut lost = Vec::new();
+        let current: Vec<ServicePort> = raw
+            .iter()
+            .filter_map(|p| self.claims.resolve(p, &mut lost))
+            .collect();
+        let mut names: BTreeSet<(String, String)> = raw
+            .iter()
+            .chain(old)
+            .map(|p| (p.name.namespace.clone(), p.name.name.clone()))
+            .collect();
+        if names.is_empty() {
+            return;
+        }
+        let mut previous = Vec::new();
+        for (ns, name) in std::mem::take(&mut names) {
+            previous.extend(self.snapshot.ports_of_service(&ns, &name).cloned());
+        }
+        if self.lost.get(&key).map_or(&[][..], Vec::as_slice) != lost.as_slice() {
+            for msg in &lost {
+                tracing::warn!("{msg}");
+            }
+        }
+        if lost.is_empty() {
+            self.lost.remove(&key);
+        } else {
+            self.lost.insert(key.clone(), lost);
+        }
+        if previous == current {
+            return;
+        }
+        for p in &previous {
+            self.snapshot.services.remove(&(p.name.clone(), p.family));
+        }
+        for p in &current {
             self.snapshot
                 .services
                 .insert((p.name.clone(), p.family), p.clone());
@@ -442,15 +527,16 @@ impl Store {
         track(
             &mut self.service_changes,
             key,
-            old,
-            ports,
+            previous,
+            current,
             now,
             Trigger::None,
         );
-        Recorded {
-            service_events: 1,
-            endpoint_events: 0,
-        }
+    }
+
+    /// Front-end claims that lose to another service's (the conflicts metric).
+    pub fn frontend_conflicts(&self) -> usize {
+        self.lost.values().map(Vec::len).sum()
     }
 
     fn set_slice(&mut self, key: ObjectKey, entry: Option<SliceEntry>, now: Instant) -> Recorded {
@@ -557,6 +643,12 @@ impl Store {
             self.snapshot.node = node;
             self.node_changed = true;
         }
+    }
+}
+
+fn warn_all(warnings: &[String]) {
+    for w in warnings {
+        tracing::warn!("{w}");
     }
 }
 

@@ -242,3 +242,68 @@ fn only_this_nodes_node_object_counts() {
         vec!["10.0.0.5".parse::<IpAddr>().unwrap()]
     );
 }
+
+fn svc_yaml(yaml: &str) -> SourceEvent {
+    let s: Service = serde_saphyr::from_str(yaml).unwrap();
+    SourceEvent::Apply(Object::Service(Box::new(s)))
+}
+
+/// CVE-2020-8554 class (issue 29): a Service whose external IP is another Service's
+/// ClusterIP never takes it, whichever arrives first and whatever the names; the winner
+/// changing marks the loser changed too, and the conflict is counted.
+#[test]
+fn store_a_cluster_ip_beats_an_external_ip_in_any_event_order() {
+    let evil = || {
+        svc_yaml(
+        "metadata: {name: evil, namespace: aaa, creationTimestamp: '2020-01-01T00:00:00Z'}\n\
+         spec: {clusterIP: 10.96.0.99, externalIPs: [10.96.0.10], ports: [{port: 80, protocol: TCP}]}",
+    )
+    };
+    let dns = || {
+        svc_yaml(
+        "metadata: {name: dns, namespace: kube-system, creationTimestamp: '2024-01-01T00:00:00Z'}\n\
+         spec: {clusterIP: 10.96.0.10, ports: [{port: 80, protocol: TCP}]}",
+    )
+    };
+    let evil_external = |st: &Store| {
+        st.snapshot()
+            .services
+            .values()
+            .find(|p| p.name.name == "evil")
+            .unwrap()
+            .external_ips
+            .clone()
+    };
+    let t = Instant::now();
+    for dns_first in [true, false] {
+        let mut st = store();
+        if dns_first {
+            st.apply(dns(), t);
+            st.apply(evil(), t);
+        } else {
+            st.apply(evil(), t);
+            assert_eq!(evil_external(&st).len(), 1, "uncontested until dns comes");
+            st.take_changes();
+            st.apply(dns(), t);
+            let touched = st.take_changes().services_touched();
+            assert!(
+                touched.contains(&("aaa".to_string(), "evil".to_string())),
+                "{touched:?}"
+            );
+        }
+        assert!(evil_external(&st).is_empty(), "dns_first {dns_first}");
+        assert_eq!(st.frontend_conflicts(), 1);
+        // The ClusterIP leaves: the external IP is programmed again.
+        st.take_changes();
+        st.apply(
+            SourceEvent::Delete(Kind::Service, ("kube-system".into(), "dns".into())),
+            t,
+        );
+        assert_eq!(evil_external(&st).len(), 1);
+        assert_eq!(st.frontend_conflicts(), 0);
+        assert!(st
+            .take_changes()
+            .services_touched()
+            .contains(&("aaa".to_string(), "evil".to_string())));
+    }
+}
