@@ -56,6 +56,8 @@ const HTTP_PORT: u16 = 8080;
 const DNS_PORT: u16 = 5353;
 const LB_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 20);
+/// The ingress of the LoadBalancer Service with externalTrafficPolicy Local.
+const LOCAL_LB_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
 /// The chart's metricsBindAddress and healthzBindAddress (0.0.0.0:10256), inside the node.
 const METRICS: &str = "127.0.0.1:10249";
 const HEALTHZ: &str = "127.0.0.1:10256";
@@ -1469,8 +1471,9 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
     let kube = Kube::new(&cluster.admin_kubeconfig());
     let install = install(&cluster, &chart);
     // `web` pods are behind one ClusterIP Service (TCP and UDP), so each change to one of
-    // them is one slice update, timed below. `front` pods are behind a NodePort and a
-    // LoadBalancer Service with an externalIP.
+    // them is one slice update, timed below. `front` pods are behind a NodePort Service, a
+    // LoadBalancer Service with an externalIP, a ClusterIP Service with session affinity and
+    // a LoadBalancer Service with externalTrafficPolicy Local.
     let (w0, w1, w2) = (
         Ipv4Addr::new(10, 244, 0, 10),
         Ipv4Addr::new(10, 244, 0, 11),
@@ -1521,6 +1524,25 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
         "front-lb",
         json!({"loadBalancer": {"ingress": [{"ip": LB_IP.to_string()}]}}),
     );
+    let sticky = kube.apply(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "front-sticky", "namespace": ns},
+        "spec": {"selector": {"app": "front"}, "sessionAffinity": "ClientIP",
+            "ports": [port("http", 80, "http", "TCP")]}}));
+    // externalTrafficPolicy Local: the API server allocates its health check node port.
+    let local = kube.apply(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "front-local", "namespace": ns},
+        "spec": {"type": "LoadBalancer", "selector": {"app": "front"},
+            "externalTrafficPolicy": "Local",
+            "ports": [port("http", 80, "http", "TCP")]}}));
+    kube.patch_status(
+        "Service",
+        Some(ns),
+        "front-local",
+        json!({"loadBalancer": {"ingress": [{"ip": LOCAL_LB_IP.to_string()}]}}),
+    );
+    let health_port = local["spec"]["healthCheckNodePort"]
+        .as_u64()
+        .expect("a health check node port") as u16;
     let cluster_ip =
         |svc: &Value| -> Ipv4Addr { svc["spec"]["clusterIP"].as_str().unwrap().parse().unwrap() };
     let node_port = |svc: &Value| svc["spec"]["ports"][0]["nodePort"].as_u64().unwrap() as u16;
@@ -1543,14 +1565,16 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
     // The controller's slices, with the named ports resolved, reach the kernel: every
     // frontend DNATs to exactly its pods.
     follow(
-        "five pods behind eight frontends",
+        "five pods behind twelve frontends",
         &kube,
         ns,
         &node,
         &agent,
-        |eps| eps.iter().filter(|e| e.ready).count() == 3 + 2 + 2,
+        |eps| eps.iter().filter(|e| e.ready).count() == 3 + 4 * 2,
         |rules| {
-            backends(rules, &web_tcp) == values(&[w0, w1, w2], HTTP_PORT)
+            rules.contains(&format!("{}", cluster_ip(&sticky)))
+                && rules.contains(&LOCAL_LB_IP.to_string())
+                && backends(rules, &web_tcp) == values(&[w0, w1, w2], HTTP_PORT)
                 && backends(rules, &web_udp) == values(&[w0, w1, w2], DNS_PORT)
                 && front_keys
                     .iter()
@@ -1558,7 +1582,7 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
         },
     );
     let slices = kube.list("EndpointSlice", Some(ns));
-    assert_eq!(slices.len(), 3, "{slices:?}");
+    assert_eq!(slices.len(), 5, "{slices:?}");
     for s in &slices {
         assert_eq!(
             s["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"],
@@ -1612,6 +1636,32 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
         SocketAddr::new(IpAddr::V4(EXTERNAL_IP), 80),
         false,
         &[f0, f1],
+    );
+
+    // Session affinity: one client, one pod.
+    let sticky_vip = SocketAddr::new(IpAddr::V4(cluster_ip(&sticky)), 80);
+    let seen = node.sample(CLIENT_IP, sticky_vip, false, 12);
+    assert!(
+        seen.failures.is_empty() && seen.endpoints.len() == 1,
+        "sessionAffinity ClientIP: {seen:?}"
+    );
+    // externalTrafficPolicy Local: the client's address reaches the pods, and the health
+    // check node port counts this node's endpoints.
+    let seen = check(
+        "externalTrafficPolicy Local from outside",
+        EXT_IP,
+        SocketAddr::new(IpAddr::V4(LOCAL_LB_IP), 80),
+        false,
+        &[f0, f1],
+    );
+    assert_eq!(seen.peers, BTreeSet::from([IpAddr::V4(EXT_IP)]), "{seen:?}");
+    let (code, body) = http_get(&node.ext, &format!("{NODE_IP}:{health_port}"), "/")
+        .unwrap_or_else(|e| panic!("health check node port {health_port}: {e}"));
+    let health: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(
+        (code, &health["localEndpoints"], &health["service"]["name"]),
+        (200, &json!(2), &json!("front-local")),
+        "{body}"
     );
 
     // `switchyard trace` against the live cluster says what the packets did: the same
