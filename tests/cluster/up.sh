@@ -12,6 +12,8 @@
 #   KUBE_PROXY_KUBECONFIG=<dir>/kube-proxy.kubeconfig   (user system:kube-proxy, as kubeadm's)
 #   CLUSTER_DIR=<dir>
 #   READY
+# and, on SIGUSR1, restarts kube-apiserver alone (SIGTERM, SIGKILL after 5 s), printing
+# RESTARTING and then RESTARTED once it is ready again (tests/real_cluster.rs uses this).
 # Settings (environment):
 #   CLUSTER_DIR           state folder (default: a new mktemp -d); removed on exit unless KEEP=1
 #   ETCD_PORT, ETCD_PEER_PORT, APISERVER_PORT, KCM_PORT   (defaults 2379 2380 6443 10257)
@@ -65,7 +67,10 @@ cleanup() {
   local rc=$?
   [[ $cleaning == 1 ]] && return
   cleaning=1
-  trap - INT TERM EXIT
+  # A second Ctrl-C or SIGTERM (a parent's death signal comes once per thread of the parent)
+  # must not cut the cleanup short and leave components running.
+  trap '' INT TERM
+  trap - EXIT
   local i
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
     kill -TERM "${pids[$i]}" 2>/dev/null || true
@@ -93,11 +98,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+restart=0
+trap 'restart=1' USR1
 
 # start NAME ARGS...: runs a component in the background, its output in logs/NAME.log.
 start() {
   local name=$1; shift
-  "$@" >"$logs/$name.log" 2>&1 &
+  "$@" >>"$logs/$name.log" 2>&1 &
   pids+=($!); names+=("$name")
 }
 
@@ -204,22 +211,25 @@ wait_for etcd 30 curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
 # --endpoint-reconciler-type=none: with the default (lease) reconciler a loopback advertise
 # address is refused at startup ("cannot use public IP 127.0.0.1 with endpoint reconciler:
 # ... may not be in the loopback range"); so the kubernetes Service is there, without endpoints.
-start kube-apiserver "$bin/kube-apiserver" \
-  --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-  --bind-address=127.0.0.1 \
-  --advertise-address=127.0.0.1 \
-  --secure-port="$APISERVER_PORT" \
-  --tls-cert-file="$pki/apiserver.crt" \
-  --tls-private-key-file="$pki/apiserver.key" \
-  --client-ca-file="$pki/ca.crt" \
-  --authorization-mode=RBAC \
-  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-  --service-account-key-file="$pki/sa.pub" \
-  --service-account-signing-key-file="$pki/sa.key" \
-  --service-cluster-ip-range="$SERVICE_CIDRS" \
-  --endpoint-reconciler-type=none \
-  --cert-dir="$dir/apiserver-certs" \
+apiserver_args=(
+  --etcd-servers="http://127.0.0.1:$ETCD_PORT"
+  --bind-address=127.0.0.1
+  --advertise-address=127.0.0.1
+  --secure-port="$APISERVER_PORT"
+  --tls-cert-file="$pki/apiserver.crt"
+  --tls-private-key-file="$pki/apiserver.key"
+  --client-ca-file="$pki/ca.crt"
+  --authorization-mode=RBAC
+  --service-account-issuer=https://kubernetes.default.svc.cluster.local
+  --service-account-key-file="$pki/sa.pub"
+  --service-account-signing-key-file="$pki/sa.key"
+  --service-cluster-ip-range="$SERVICE_CIDRS"
+  --endpoint-reconciler-type=none
+  --cert-dir="$dir/apiserver-certs"
   --v="$VERBOSITY"
+)
+start kube-apiserver "$bin/kube-apiserver" "${apiserver_args[@]}"
+apiserver_index=$((${#pids[@]} - 1))
 admin_curl() {
   curl -fsS --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
     "https://127.0.0.1:$APISERVER_PORT$1"
@@ -259,10 +269,35 @@ echo "KUBE_PROXY_KUBECONFIG=$dir/kube-proxy.kubeconfig"
 echo "CLUSTER_DIR=$dir"
 echo "READY"
 echo "up.sh: control plane on https://127.0.0.1:$APISERVER_PORT, logs in $logs; Ctrl-C stops it" >&2
-# Stay until a signal, or until a component exits (then stop the others).
+# Stay until a signal, or until a component exits (then stop the others). SIGUSR1 restarts
+# kube-apiserver alone (SIGTERM, then SIGKILL after 5 s), as a test of clients that must ride
+# out an API server restart: it prints RESTARTING, then RESTARTED once /readyz answers again.
 set +e
-wait -n "${pids[@]}"
-rc=$?
+while true; do
+  wait -n "${pids[@]}"
+  rc=$?
+  if [[ $restart == 1 ]]; then
+    restart=0
+    api_pid=${pids[$apiserver_index]}
+    echo "RESTARTING"
+    kill -TERM "$api_pid" 2>/dev/null
+    n=0
+    while kill -0 "$api_pid" 2>/dev/null && ((n < 50)); do sleep 0.1; n=$((n + 1)); done
+    if kill -0 "$api_pid" 2>/dev/null; then
+      echo "up.sh: kube-apiserver still stopping after 5 s; killed" >&2
+      kill -KILL "$api_pid" 2>/dev/null
+    fi
+    wait "$api_pid" 2>/dev/null
+    echo "up.sh: kube-apiserver stopped; starting it again" >&2
+    "$bin/kube-apiserver" "${apiserver_args[@]}" >>"$logs/kube-apiserver.log" 2>&1 &
+    pids[$apiserver_index]=$!
+    wait_for kube-apiserver 120 admin_curl /readyz
+    echo "RESTARTED"
+    continue
+  fi
+  # A signal other than USR1 runs its trap (which exits); anything else is a component's exit.
+  break
+done
 for i in "${!pids[@]}"; do
   if ! kill -0 "${pids[$i]}" 2>/dev/null; then
     echo "up.sh: ${names[$i]} exited (status $rc); last lines of $logs/${names[$i]}.log:" >&2
