@@ -184,12 +184,9 @@ impl Chart {
             if template.ends_with("NOTES.txt") {
                 continue;
             }
-            for d in serde_yaml::Deserializer::from_str(text.as_str().unwrap()) {
-                let v: Value = serde::Deserialize::deserialize(d).expect("rendered YAML");
-                if !v.is_null() {
-                    docs.push(v);
-                }
-            }
+            let all: Vec<Value> =
+                serde_saphyr::from_multiple(text.as_str().unwrap()).expect("rendered YAML");
+            docs.extend(all.into_iter().filter(|v| !v.is_null()));
         }
         Ok(Chart { docs })
     }
