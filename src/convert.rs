@@ -51,6 +51,59 @@ fn invalid(
     }
 }
 
+/// RFC 1123 label (namespaces, port names): lowercase alphanumerics and `-`, starting and
+/// ending alphanumeric, at most 63 characters. The API server allows nothing else, and
+/// these names reach tool inputs (iptables comments), so a file may not either.
+fn is_dns1123_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// RFC 1035 label (Service names): an RFC 1123 label that starts with a letter.
+fn is_dns1035_label(s: &str) -> bool {
+    is_dns1123_label(s) && s.starts_with(|c: char| c.is_ascii_lowercase())
+}
+
+/// RFC 1123 subdomain (EndpointSlice names): labels joined by dots, at most 253 characters.
+fn is_dns1123_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns1123_label)
+}
+
+/// A label value (the `kubernetes.io/service-name` label): at most 63 characters of
+/// alphanumerics, `-`, `_` and `.`, starting and ending alphanumeric; may be empty.
+fn is_label_value(s: &str) -> bool {
+    s.is_empty()
+        || (s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.ends_with(|c: char| c.is_ascii_alphanumeric()))
+}
+
+/// An invalid name, skipped with the field named, as the API server would refuse it.
+fn check_name(
+    object: &str,
+    field: &str,
+    value: &str,
+    ok: fn(&str) -> bool,
+    rule: &str,
+) -> Result<(), Skip> {
+    if ok(value) {
+        Ok(())
+    } else {
+        Err(invalid(
+            object,
+            field,
+            format!("{value:?} is not {rule}"),
+            "bad_name",
+        ))
+    }
+}
+
 fn parse_ip(object: &str, field: &str, raw: &str) -> Result<IpAddr, Skip> {
     raw.trim().parse::<IpAddr>().map_err(|_| {
         invalid(
@@ -121,6 +174,26 @@ pub fn service(svc: &Service, warnings: &mut Vec<String>) -> Result<Vec<ServiceP
     let ns = meta.namespace.as_deref().unwrap_or("default");
     let name = meta.name.as_deref().unwrap_or_default();
     let object = format!("Service {ns}/{name}");
+    // The object's own name cannot be printed safely before it is checked.
+    let object = if is_dns1123_label(ns) && is_dns1035_label(name) {
+        object
+    } else {
+        format!("Service {ns:?}/{name:?}")
+    };
+    check_name(
+        &object,
+        "metadata.namespace",
+        ns,
+        is_dns1123_label,
+        "an RFC 1123 label",
+    )?;
+    check_name(
+        &object,
+        "metadata.name",
+        name,
+        is_dns1035_label,
+        "an RFC 1035 label",
+    )?;
     let not_proxied = |why: &str| Skip::NotProxied {
         object: object.clone(),
         why: why.to_string(),
@@ -274,6 +347,15 @@ pub fn service(svc: &Service, warnings: &mut Vec<String>) -> Result<Vec<ServiceP
     let ports = spec.ports.as_deref().unwrap_or_default();
     let mut seen = std::collections::BTreeSet::new();
     for (i, p) in ports.iter().enumerate() {
+        if let Some(n) = p.name.as_deref().filter(|n| !n.is_empty()) {
+            check_name(
+                &object,
+                &format!("spec.ports[{i}].name"),
+                n,
+                is_dns1123_label,
+                "an RFC 1123 label",
+            )?;
+        }
         let proto = protocol(
             &object,
             &format!("spec.ports[{i}].protocol"),
@@ -372,13 +454,38 @@ pub fn endpoint_slice(
     let meta = &slice.metadata;
     let ns = meta.namespace.as_deref().unwrap_or("default");
     let name = meta.name.as_deref().unwrap_or_default();
-    let object = format!("EndpointSlice {ns}/{name}");
+    let object = if is_dns1123_label(ns) && is_dns1123_subdomain(name) {
+        format!("EndpointSlice {ns}/{name}")
+    } else {
+        format!("EndpointSlice {ns:?}/{name:?}")
+    };
+    check_name(
+        &object,
+        "metadata.namespace",
+        ns,
+        is_dns1123_label,
+        "an RFC 1123 label",
+    )?;
+    check_name(
+        &object,
+        "metadata.name",
+        name,
+        is_dns1123_subdomain,
+        "an RFC 1123 subdomain",
+    )?;
     let Some(service) = meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) else {
         return Err(Skip::NotProxied {
             object,
             why: format!("no {LABEL_SERVICE_NAME} label"),
         });
     };
+    check_name(
+        &object,
+        &format!("metadata.labels[{LABEL_SERVICE_NAME}]"),
+        service,
+        is_label_value,
+        "a label value",
+    )?;
     let family = match slice.address_type.as_str() {
         "IPv4" => IpFamily::V4,
         "IPv6" => IpFamily::V6,
@@ -395,6 +502,15 @@ pub fn endpoint_slice(
     };
     let mut ports = Vec::new();
     for (i, p) in slice.ports.iter().flatten().enumerate() {
+        if let Some(n) = p.name.as_deref().filter(|n| !n.is_empty()) {
+            check_name(
+                &object,
+                &format!("ports[{i}].name"),
+                n,
+                is_dns1123_label,
+                "an RFC 1123 label",
+            )?;
+        }
         let proto = protocol(
             &object,
             &format!("ports[{i}].protocol"),
@@ -547,6 +663,26 @@ status: { loadBalancer: { ingress: [{ ip: 1.2.3.4 }, { ip: 5.6.7.8, ipMode: Prox
         }
         let ours = svc("metadata: {name: a, labels: {service.kubernetes.io/service-proxy-name: switchyard}}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}");
         assert_eq!(service(&ours, &mut Vec::new()).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn names_the_api_server_would_refuse_are_skipped_naming_the_field() {
+        for (yaml, field) in [
+            ("metadata: {name: \"a\\nb\", namespace: n}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}", "metadata.name"),
+            ("metadata: {name: a, namespace: \"n s\"}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}", "metadata.namespace"),
+            ("metadata: {name: a, namespace: n}\nspec: {clusterIP: 10.0.0.1, ports: [{name: \"x\\\"\\n-A\", port: 80}]}", "spec.ports[0].name"),
+            ("metadata: {name: 1a, namespace: n}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}", "metadata.name"),
+        ] {
+            match service(&svc(yaml), &mut Vec::new()) {
+                Err(Skip::Invalid { field: f, reason, .. }) => {
+                    assert_eq!((f.as_str(), reason), (field, "bad_name"), "{yaml}");
+                }
+                other => panic!("{yaml}: {other:?}"),
+            }
+        }
+        assert!(is_dns1123_subdomain("web-abc12.x"));
+        assert!(!is_dns1123_subdomain("Web"));
+        assert!(is_label_value("web_1.x") && !is_label_value("a\nb"));
     }
 
     #[test]

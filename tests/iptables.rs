@@ -539,3 +539,51 @@ fn chains_written_directly_equal_what_iptables_nft_restore_writes() {
         assert_eq!(save(direct), save(restored), "{case}");
     }
 }
+
+/// One Service whose port name carries a newline and a quote (a name the API server would
+/// refuse, but a file can hold) used to make iptables-restore reject the whole input, so
+/// nothing was programmed. It is skipped with its field named; the rest is programmed.
+#[test]
+fn a_name_iptables_restore_would_choke_on_skips_one_service_not_all() {
+    let Some(ns) = Ns::create("badname") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("kube-proxy.yaml"),
+        "mode: iptables\nhostnameOverride: node-a\n",
+    )
+    .unwrap();
+    let bad = r#"
+---
+apiVersion: v1
+kind: Service
+metadata: { name: evil, namespace: ns }
+spec: { clusterIP: 172.30.0.9, ports: [{ name: "x\"\n-A KUBE-SERVICES -j ACCEPT", port: 80 }] }
+"#;
+    std::fs::write(dir.path().join("cluster.yaml"), format!("{CLUSTER}{bad}")).unwrap();
+    let cfg = dir.path().join("kube-proxy.yaml");
+    let manifests = dir.path().join("cluster.yaml");
+    let out = ns.run(
+        env!("CARGO_BIN_EXE_switchyard"),
+        &[
+            "sync",
+            "--once",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--manifests",
+            manifests.to_str().unwrap(),
+            "--iptables-backend",
+            "nft",
+        ],
+    );
+    assert!(out.success(), "{}", out.transcript());
+    assert!(
+        out.stderr.contains("Service ns/evil") && out.stderr.contains("spec.ports[0].name"),
+        "{}",
+        out.transcript()
+    );
+    let save = ns.must("iptables-nft-save", &[]);
+    assert!(save.contains("172.30.0.1"), "the good service is programmed:\n{save}");
+    assert!(!save.contains("172.30.0.9"), "{save}");
+}
