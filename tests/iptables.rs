@@ -584,6 +584,9 @@ spec: { clusterIP: 172.30.0.9, ports: [{ name: "x\"\n-A KUBE-SERVICES -j ACCEPT"
         out.transcript()
     );
     let save = ns.must("iptables-nft-save", &[]);
-    assert!(save.contains("172.30.0.1"), "the good service is programmed:\n{save}");
+    assert!(
+        save.contains("172.30.0.1"),
+        "the good service is programmed:\n{save}"
+    );
     assert!(!save.contains("172.30.0.9"), "{save}");
 }
