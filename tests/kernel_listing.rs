@@ -398,7 +398,8 @@ fn one_family_refused_leaves_the_other_programmed() {
     let wrapper = dir.path().join("nft");
     std::fs::write(
         &wrapper,
-        "#!/bin/sh\ninput=$(cat)\ncase \"$input\" in\n  *\"ip6 switchyard\"*) echo 'Error: no IPv6 tables on this node' >&2; exit 1;;\nesac\nprintf '%s\\n' \"$input\" | exec nft \"$@\"\n",
+        // The input comes as a file (`-f PATH`, written whole first) or on stdin (`-f -`).
+        "#!/bin/sh\nif [ \"$1\" = -f ] && [ \"$2\" != - ]; then input=$(cat \"$2\"); else input=$(cat); fi\ncase \"$input\" in\n  *\"ip6 switchyard\"*) echo 'Error: no IPv6 tables on this node' >&2; exit 1;;\nesac\nif [ \"$1\" = -f ]; then printf '%s\\n' \"$input\" | exec nft -f -; fi\nprintf '%s\\n' \"$input\" | exec nft \"$@\"\n",
     )
     .unwrap();
     std::process::Command::new("chmod")

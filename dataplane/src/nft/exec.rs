@@ -204,7 +204,20 @@ impl NftExecutor for NftCommand {
         if self.netlink_batches && super::batch::try_commit(tx)? {
             return Ok(());
         }
-        let (ok, _, stderr) = self.run(&["-f", "-"], Some(&tx.to_nft()))?;
+        let text = tx.to_nft();
+        // The whole input is in a file before nft starts: a process killed while writing
+        // leaves nft unstarted, where a pipe would hand nft a shorter input that it might
+        // commit in part (when the cut falls between two statements).
+        let (ok, _, stderr) = match InputFile::write(&text) {
+            Ok(file) => self.run(&["-f", file.path_str()], None)?,
+            Err(e) => {
+                tracing::warn!(
+                    "nft input file in {}: {e}; piping it instead",
+                    std::env::temp_dir().display()
+                );
+                self.run(&["-f", "-"], Some(&text))?
+            }
+        };
         if ok {
             Ok(())
         } else {
@@ -259,5 +272,61 @@ impl NftExecutor for FakeNft {
 
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
         Ok(Some(self.generation))
+    }
+}
+
+/// nft's input, written whole to a new file in the temporary directory, removed on drop.
+struct InputFile(std::path::PathBuf);
+
+impl InputFile {
+    fn write(text: &str) -> std::io::Result<InputFile> {
+        use std::io::Write;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "switchyard-nft-{}-{}.nft",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        if path.to_str().is_none() {
+            return Err(std::io::Error::other(
+                "the temporary directory's path is not UTF-8",
+            ));
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        let file = InputFile(path);
+        f.write_all(text.as_bytes())?;
+        Ok(file)
+    }
+
+    /// Checked to be UTF-8 when written.
+    fn path_str(&self) -> &str {
+        self.0.to_str().unwrap_or_default()
+    }
+}
+
+impl Drop for InputFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InputFile;
+
+    #[test]
+    fn nft_input_is_a_whole_file_that_goes_away_after() {
+        let text = "add table ip t\nadd chain ip t c\n".repeat(1000);
+        let file = InputFile::write(&text).unwrap();
+        let path = std::path::PathBuf::from(file.path_str());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+        let second = InputFile::write("x").unwrap();
+        assert_ne!(second.path_str(), file.path_str(), "each input a new file");
+        drop(file);
+        assert!(!path.exists());
     }
 }
