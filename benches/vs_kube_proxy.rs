@@ -130,17 +130,31 @@ fn slice(i: usize, generation: usize) -> Value {
         "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}], "endpoints": eps})
 }
 
+/// The proxy's metrics; retried (a few times) until they hold the sync histogram whole.
 fn scrape(ns: &str) -> String {
+    let mut text = String::new();
+    for _ in 0..5 {
+        text = scrape_once(ns);
+        if text.contains("kubeproxy_sync_proxy_rules_duration_seconds_count")
+            && text.contains("kubeproxy_network_programming_duration_seconds_count")
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    text
+}
+
+/// HTTP/1.0, so that the answer is not chunked (Go's server chunks a long HTTP/1.1 answer,
+/// and a chunk header in the middle of a sample line would lose that sample).
+fn scrape_once(ns: &str) -> String {
     netns::in_netns(ns, || {
         let mut s = TcpStream::connect_timeout(
             &"127.0.0.1:10249".parse().unwrap(),
             Duration::from_secs(2),
         )?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )?;
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")?;
         let mut out = String::new();
         s.read_to_string(&mut out)?;
         Ok(out)
@@ -315,13 +329,16 @@ fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// The histogram's counts between two scrapes, per bucket: (upper bound, cumulative count).
+/// The histogram's counts between two scrapes, per bucket: (upper bound, cumulative count),
+/// buckets matched by their bound.
 fn during(before: &str, after: &str, name: &str) -> Vec<(f64, f64)> {
     let b0 = buckets(before, name);
     buckets(after, name)
         .into_iter()
-        .zip(b0.iter().map(|x| x.1).chain(std::iter::repeat(0.0)))
-        .map(|((le, c), c0)| (le, c - c0))
+        .map(|(le, c)| {
+            let c0 = b0.iter().find(|x| x.0 == le).map(|x| x.1).unwrap_or(0.0);
+            (le, c - c0)
+        })
         .collect()
 }
 
