@@ -1404,3 +1404,54 @@ fn fifos_and_symlink_loops_in_the_manifests_neither_wedge_nor_spin_the_agent() {
     assert_eq!(agent.get(HEALTH, "/livez").0, 200);
     assert!(agent.terminate().success(), "{}", agent.log());
 }
+
+/// A firewall reload (`nft flush ruleset`) takes our tables away. The agent hears the
+/// commit on nf_tables' notification group and repairs within a second, with a syncPeriod
+/// of an hour: no periodic check could have done it.
+#[test]
+fn a_flushed_ruleset_is_repaired_within_a_second_without_waiting_for_the_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.yaml");
+    write_atomically(&cluster, &manifests("10.0.0.1"));
+    let Some(mut agent) = Agent::namespace("flush") else {
+        return;
+    };
+    agent.sync_period = "1h";
+    let manifests_path = dir.path().join("cluster.yaml");
+    agent.spawn(
+        dir.path(),
+        &["--manifests".as_ref(), manifests_path.as_os_str()],
+    );
+    agent.wait_ruleset("the first sync", |rs| rs.contains("10.0.0.1"));
+    // Let the first check settle (our own commits are then accounted for).
+    std::thread::sleep(Duration::from_millis(500));
+    let flush = netns::run(
+        "ip",
+        &["netns", "exec", &agent.ns, "nft", "flush", "ruleset"],
+        None,
+        netns::CMD_TIMEOUT,
+    );
+    assert!(flush.success(), "{}", flush.transcript());
+    let flushed = Instant::now();
+    loop {
+        if agent.ruleset().contains("10.0.0.1") {
+            break;
+        }
+        assert!(
+            flushed.elapsed() < Duration::from_secs(1),
+            "not repaired within a second of the flush\nagent log:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (_, text) = agent.get(METRICS, "/metrics");
+    assert!(
+        exposition::value(
+            &text,
+            r#"switchyard_kernel_checks_total{method="notification"}"#
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "{text}"
+    );
+}

@@ -229,6 +229,7 @@ async fn run_async(
     };
 
     let (checked_tx, mut checked_rx) = mpsc::channel::<KernelRead>(1);
+    let mut commits_rx = watch_commits(cfg.mode);
     tracing::info!("{} mode", cfg.mode.as_str());
     let backend = match cfg.mode {
         ProxyMode::Iptables => Dataplane::Iptables(IptablesBackend::new(
@@ -287,10 +288,51 @@ async fn run_async(
                 }
             }
             Some(read) = checked_rx.recv() => agent.checked(read),
+            Some(()) = commits_rx.recv() => agent.commit_seen(),
             _ = sleep => agent.sync(),
             _ = canary => agent.probe_canary(),
         }
     }
+}
+
+/// nftables mode: a thread blocked on the kernel's commit notifications, one message per
+/// burst of commits (a full channel already says "look"). Other modes: a channel that never
+/// speaks.
+fn watch_commits(mode: ProxyMode) -> mpsc::Receiver<()> {
+    let (tx, rx) = mpsc::channel::<()>(1);
+    if mode != ProxyMode::Nftables {
+        // A closed channel: its branch of the agent's loop never fires.
+        return rx;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("nft-commits".into())
+        .spawn(move || {
+            let mut commits = match dataplane::nft::commits::Commits::subscribe() {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot listen to nf_tables commit notifications ({e}); changes by others are found by the periodic check only"
+                    );
+                    return;
+                }
+            };
+            loop {
+                match commits.wait() {
+                    Ok(_) => match tx.try_send(()) {
+                        Ok(()) | Err(mpsc::error::TrySendError::Full(())) => {}
+                        Err(mpsc::error::TrySendError::Closed(())) => return,
+                    },
+                    Err(e) => {
+                        tracing::warn!("nf_tables commit notifications: {e}");
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the commit listener: {e}");
+    }
+    rx
 }
 
 /// Sleeps until `at`; forever when there is no `at`.
@@ -708,6 +750,25 @@ impl Agent {
             self.suspect = d.into_iter().collect();
             self.start_check(Instant::now());
         }
+    }
+
+    /// Someone committed to nf_tables, maybe us. When the kernel's generation is not the
+    /// one our own commits account for, somebody else changed something: read our tables
+    /// back now and repair, rather than at the next periodic check (up to syncPeriod later).
+    fn commit_seen(&mut self) {
+        if self.checking {
+            return;
+        }
+        let Some(b) = self.backend.nft() else { return };
+        if tokio::task::block_in_place(|| b.kernel_unchanged()) {
+            return;
+        }
+        self.metrics
+            .kernel_checks_by
+            .with_label_values(&["notification"])
+            .inc();
+        tracing::debug!("another commit to nf_tables: checking our tables");
+        self.start_check(Instant::now());
     }
 
     /// Read the kernel back in the background; [`Self::checked`] gets the result.

@@ -385,7 +385,9 @@ fn answer(mut stream: TcpStream, shared: Arc<Shared>, generation: u64) {
     }
     let mut last_bookmark = Instant::now();
     let mut st = shared.state.lock().unwrap();
-    if from < st.compacted {
+    let streaming = params.get("sendInitialEvents").map(String::as_str) == Some("true");
+    // A streaming list starts from the current state, whatever was compacted.
+    if !streaming && from < st.compacted {
         let gone = json!({"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},
             "status":"Failure","message":format!("too old resource version: {from} ({})", st.compacted),
             "reason":"Expired","code":410}});
@@ -395,7 +397,7 @@ fn answer(mut stream: TcpStream, shared: Arc<Shared>, generation: u64) {
     }
     // The streaming list (client-go's WatchList, on in kube-proxy v1.37): the current state
     // as ADDED events, then a bookmark marked as the end of the initial events.
-    if params.get("sendInitialEvents").map(String::as_str) == Some("true") {
+    if streaming {
         let initial: Vec<Value> = st
             .objects
             .get(kind)

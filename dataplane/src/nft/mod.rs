@@ -2,6 +2,7 @@
 
 pub mod affinity;
 pub mod batch;
+pub mod commits;
 pub mod exec;
 pub mod layout;
 pub mod listing;
