@@ -1,15 +1,19 @@
-//! Notifications of nf_tables commits: every batch the kernel commits ends with a NEWGEN
-//! message to the NFNLGRP_NFTABLES multicast group, whoever committed it (nft, another
-//! firewall, `nft flush ruleset`). The agent listens here so that a change to its tables is
-//! looked at at once instead of at the next periodic check, without polling.
+//! Notifications of nf_tables changes: the kernel announces every object a committed batch
+//! adds or deletes to the NFNLGRP_NFTABLES multicast group, whoever committed it (nft,
+//! another firewall, `nft flush ruleset`), each naming its table. The agent listens here
+//! so that a change to its own tables is looked at at once instead of at the next periodic
+//! check, without polling; changes to other programs' tables (a CNI plugin adding rules per
+//! pod) do not wake it.
 
-use super::netlink::{NetlinkError, Reader, NFNL_SUBSYS_NFTABLES};
+use super::netlink::{attrs, NetlinkError, Reader, NFNL_SUBSYS_NFTABLES};
+use super::state::TABLE;
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
 
 /// linux/netfilter/nfnetlink.h: the nf_tables multicast group.
 const NFNLGRP_NFTABLES: u32 = 7;
-/// linux/netfilter/nf_tables.h.
-const NFT_MSG_NEWGEN: u16 = 15;
+/// linux/netfilter/nf_tables.h: every table, chain, rule, set, element, object and
+/// flowtable message carries its table's name as attribute 1.
+const NFTA_TABLE: u16 = 1;
 /// errno ENOBUFS: the socket's queue overflowed and notifications were lost.
 const ENOBUFS: i32 = 105;
 
@@ -30,15 +34,16 @@ impl Commits {
         })
     }
 
-    /// Block until at least one commit is announced; how many were in what was read. Lost
-    /// notifications (a full queue) count as one: something was committed.
+    /// Block until a change to a table named like ours is announced; how many such
+    /// messages were in what was read. Lost notifications (a full queue) count as one:
+    /// anything may have changed.
     pub fn wait(&mut self) -> Result<usize, NetlinkError> {
         loop {
             match self.reader.receive() {
                 Ok(messages) => {
                     let n = messages
                         .iter()
-                        .filter(|m| m.kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN)
+                        .filter(|m| m.kind >> 8 == NFNL_SUBSYS_NFTABLES && names_our_table(&m.body))
                         .count();
                     if n > 0 {
                         return Ok(n);
@@ -48,5 +53,38 @@ impl Commits {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// Whether a notification's body (nfgenmsg, then attributes) names our table.
+fn names_our_table(body: &[u8]) -> bool {
+    attrs(body.get(4..).unwrap_or(&[])).any(|a| {
+        a.kind == NFTA_TABLE && a.data.strip_suffix(&[0]).unwrap_or(a.data) == TABLE.as_bytes()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_our_table;
+
+    fn body(name: &str) -> Vec<u8> {
+        let mut b = vec![2, 0, 0, 0];
+        let payload = format!("{name}\0");
+        let len = 4 + payload.len();
+        b.extend_from_slice(&(len as u16).to_ne_bytes());
+        b.extend_from_slice(&1u16.to_ne_bytes());
+        b.extend_from_slice(payload.as_bytes());
+        while b.len() % 4 != 0 {
+            b.push(0);
+        }
+        b
+    }
+
+    #[test]
+    fn only_changes_to_our_table_wake_the_agent() {
+        assert!(names_our_table(&body("switchyard")));
+        assert!(!names_our_table(&body("kube-proxy")));
+        assert!(!names_our_table(&body("switchyard2")));
+        assert!(!names_our_table(&[2, 0, 0, 0]));
     }
 }
