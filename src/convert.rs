@@ -104,6 +104,32 @@ fn check_name(
     }
 }
 
+/// `Kind ns/name` for messages, once the namespace (an RFC 1123 label) and the name (by
+/// `name_ok`) are checked; names that fail are quoted in the message, since they cannot be
+/// printed safely as they are.
+fn named_object(
+    kind: &str,
+    ns: &str,
+    name: &str,
+    name_ok: fn(&str) -> bool,
+    name_rule: &str,
+) -> Result<String, Skip> {
+    let object = if is_dns1123_label(ns) && name_ok(name) {
+        format!("{kind} {ns}/{name}")
+    } else {
+        format!("{kind} {ns:?}/{name:?}")
+    };
+    check_name(
+        &object,
+        "metadata.namespace",
+        ns,
+        is_dns1123_label,
+        "an RFC 1123 label",
+    )?;
+    check_name(&object, "metadata.name", name, name_ok, name_rule)?;
+    Ok(object)
+}
+
 fn parse_ip(object: &str, field: &str, raw: &str) -> Result<IpAddr, Skip> {
     raw.trim().parse::<IpAddr>().map_err(|_| {
         invalid(
@@ -173,27 +199,7 @@ pub fn service(svc: &Service, warnings: &mut Vec<String>) -> Result<Vec<ServiceP
     let meta = &svc.metadata;
     let ns = meta.namespace.as_deref().unwrap_or("default");
     let name = meta.name.as_deref().unwrap_or_default();
-    let object = format!("Service {ns}/{name}");
-    // The object's own name cannot be printed safely before it is checked.
-    let object = if is_dns1123_label(ns) && is_dns1035_label(name) {
-        object
-    } else {
-        format!("Service {ns:?}/{name:?}")
-    };
-    check_name(
-        &object,
-        "metadata.namespace",
-        ns,
-        is_dns1123_label,
-        "an RFC 1123 label",
-    )?;
-    check_name(
-        &object,
-        "metadata.name",
-        name,
-        is_dns1035_label,
-        "an RFC 1035 label",
-    )?;
+    let object = named_object("Service", ns, name, is_dns1035_label, "an RFC 1035 label")?;
     let not_proxied = |why: &str| Skip::NotProxied {
         object: object.clone(),
         why: why.to_string(),
@@ -454,21 +460,9 @@ pub fn endpoint_slice(
     let meta = &slice.metadata;
     let ns = meta.namespace.as_deref().unwrap_or("default");
     let name = meta.name.as_deref().unwrap_or_default();
-    let object = if is_dns1123_label(ns) && is_dns1123_subdomain(name) {
-        format!("EndpointSlice {ns}/{name}")
-    } else {
-        format!("EndpointSlice {ns:?}/{name:?}")
-    };
-    check_name(
-        &object,
-        "metadata.namespace",
+    let object = named_object(
+        "EndpointSlice",
         ns,
-        is_dns1123_label,
-        "an RFC 1123 label",
-    )?;
-    check_name(
-        &object,
-        "metadata.name",
         name,
         is_dns1123_subdomain,
         "an RFC 1123 subdomain",

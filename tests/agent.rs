@@ -11,6 +11,9 @@ mod netns;
 #[path = "rig/exposition.rs"]
 mod exposition;
 
+#[path = "rig/http.rs"]
+mod http;
+
 mod apiserver;
 
 use std::io::{Read, Write};
@@ -202,33 +205,7 @@ impl Agent {
     }
 
     fn try_get(&self, addr: &str, path: &str) -> std::io::Result<(u16, String)> {
-        let addr = addr.to_string();
-        let path = path.to_string();
-        netns::in_netns(&self.ns, move || {
-            let mut s = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(5))?;
-            s.set_read_timeout(Some(Duration::from_secs(5)))?;
-            write!(
-                s,
-                "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-            )?;
-            let mut resp = String::new();
-            s.read_to_string(&mut resp)?;
-            let status = resp
-                .split_whitespace()
-                .nth(1)
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(0);
-            let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
-            let chunked = head
-                .to_ascii_lowercase()
-                .contains("transfer-encoding: chunked");
-            let body = if chunked {
-                dechunk(body)
-            } else {
-                body.to_string()
-            };
-            Ok((status, body))
-        })
+        http::get(&self.ns, addr, path)
     }
 
     /// Waits (bounded) until metric `name` reaches `min`; returns that scrape. A change
@@ -911,21 +888,6 @@ fn healthz_and_livez_fail_while_a_queued_update_goes_stale() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
-
-/// The payload of a chunked HTTP/1.1 body (Prometheus sends large answers so).
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
-    out
-}
-
 /// A Prometheus server started inside a namespace; killed on drop.
 struct Prometheus {
     child: Child,

@@ -10,6 +10,9 @@
 #[path = "rig/netns.rs"]
 mod netns;
 
+#[path = "rig/http.rs"]
+mod http;
+
 mod apiserver;
 
 use serde_json::{json, Value};
@@ -73,26 +76,7 @@ impl Ns {
     }
 
     fn get(&self, addr: &str, path: &str) -> (u16, String) {
-        let addr = addr.to_string();
-        let path = path.to_string();
-        netns::in_netns(&self.0, move || {
-            let mut s = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(5))?;
-            s.set_read_timeout(Some(Duration::from_secs(5)))?;
-            write!(
-                s,
-                "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-            )?;
-            let mut resp = String::new();
-            s.read_to_string(&mut resp)?;
-            let status = resp
-                .split_whitespace()
-                .nth(1)
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(0);
-            let body = resp.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
-            Ok((status, body.to_string()))
-        })
-        .expect("http get in namespace")
+        http::get(&self.0, addr, path).expect("http get in namespace")
     }
 }
 

@@ -22,6 +22,9 @@
 #[path = "rig/netns.rs"]
 mod netns;
 
+#[path = "rig/http.rs"]
+mod http;
+
 #[path = "rig/net.rs"]
 mod net;
 
@@ -29,7 +32,7 @@ mod net;
 mod exposition;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -1103,7 +1106,7 @@ impl Agent {
     }
 
     fn get(&self, addr: &str, path: &str) -> (u16, String) {
-        http_get(&self.ns, addr, path)
+        http::get(&self.ns, addr, path)
             .unwrap_or_else(|e| panic!("GET {addr}{path} in {}: {e}\n{}", self.ns, self.log()))
     }
 
@@ -1138,50 +1141,6 @@ fn refusals(log: &str) -> Vec<String> {
         })
         .map(str::to_string)
         .collect()
-}
-
-/// GET over real TCP inside a namespace: (status, body).
-fn http_get(ns: &str, addr: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let addr = addr.to_string();
-    let path = path.to_string();
-    netns::in_netns(ns, move || {
-        let mut s = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(5))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut resp = String::new();
-        s.read_to_string(&mut resp)?;
-        let status = resp
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
-        let body = if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
-            dechunk(body)
-        } else {
-            body.to_string()
-        };
-        Ok((status, body))
-    })
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 /// Waits until the namespace's EndpointSlices satisfy `slices_ok` and then the node's rules
@@ -1652,7 +1611,7 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
         &[f0, f1],
     );
     assert_eq!(seen.peers, BTreeSet::from([IpAddr::V4(EXT_IP)]), "{seen:?}");
-    let (code, body) = http_get(&node.ext, &format!("{NODE_IP}:{health_port}"), "/")
+    let (code, body) = http::get(&node.ext, &format!("{NODE_IP}:{health_port}"), "/")
         .unwrap_or_else(|e| panic!("health check node port {health_port}: {e}"));
     let health: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
     assert_eq!(
