@@ -450,6 +450,15 @@ fn affinity_timeout(
 /// The endpoints one slice contributes, keyed by the service port they belong to.
 pub type SliceEndpoints = BTreeMap<ServicePortName, Vec<Endpoint>>;
 
+/// The family of an EndpointSlice's `addressType`; none for FQDN and anything unknown.
+pub fn address_family(address_type: &str) -> Option<IpFamily> {
+    match address_type {
+        "IPv4" => Some(IpFamily::V4),
+        "IPv6" => Some(IpFamily::V6),
+        _ => None,
+    }
+}
+
 /// Convert one EndpointSlice. Slices without the service-name label are not proxied; an
 /// addressType other than IPv4 or IPv6 (FQDN, as kube-proxy ignores) is skipped with a warning.
 /// A port without a number is dropped with a warning in `warnings` naming the slice and the field.
@@ -480,10 +489,10 @@ pub fn endpoint_slice(
         is_label_value,
         "a label value",
     )?;
-    let family = match slice.address_type.as_str() {
-        "IPv4" => IpFamily::V4,
-        "IPv6" => IpFamily::V6,
-        other => {
+    let family = match address_family(&slice.address_type) {
+        Some(f) => f,
+        None => {
+            let other = &slice.address_type;
             // kube-proxy programs IPv4 and IPv6 slices only (FQDN ones are for DNS): the
             // slice is skipped, but with a warning, since its endpoints then serve nothing.
             return Err(invalid(

@@ -4,6 +4,7 @@
 //! [`Knobs`], so the decisions are tested on a fake.
 
 use crate::config::{ConntrackConfig, ProxyConfig};
+use dataplane::model::IpFamily;
 
 /// kube-proxy caps maxPerCore x CPUs here (getConntrackMax).
 const MAX_LIMIT: i64 = 1_048_576;
@@ -182,6 +183,30 @@ pub fn apply_oom_score(adj: Option<i32>) -> Result<(), String> {
         .map_err(|e| format!("oomScoreAdj: writing {adj} to /proc/self/oom_score_adj: {e}"))
 }
 
+/// The IP families the node serves, as kube-proxy decides it for its per-family proxiers
+/// (platformCheckSupported in cmd/kube-proxy/app/server_linux.go): IPv4, and IPv6 unless
+/// the kernel has none (`/proc/net/if_inet6` absent) or it is disabled
+/// (`net.ipv6.conf.all.disable_ipv6` = 1). kube-proxy's iptables modes also drop a family
+/// whose iptables binary is missing; Switchyard's iptables mode tolerates a missing
+/// ip6tables until an IPv6 service appears, so the kernel decides here.
+pub fn served_families(if_inet6: bool, disable_ipv6: Option<&str>) -> Vec<IpFamily> {
+    let v6 = if_inet6 && disable_ipv6.map(str::trim) != Some("1");
+    let mut out = vec![IpFamily::V4];
+    if v6 {
+        out.push(IpFamily::V6);
+    }
+    out
+}
+
+/// [`served_families`] of this kernel.
+pub fn kernel_families() -> Vec<IpFamily> {
+    let disabled = std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").ok();
+    served_families(
+        std::path::Path::new("/proc/net/if_inet6").exists(),
+        disabled.as_deref(),
+    )
+}
+
 /// Start-up set-up from the configuration: logs what it wrote and every failure.
 pub fn run(cfg: &ProxyConfig) -> Applied {
     let applied = apply_conntrack(&mut Kernel, &cfg.conntrack);
@@ -250,6 +275,15 @@ mod tests {
             f.values.insert(k.into(), v);
         }
         f
+    }
+
+    #[test]
+    fn families_are_kube_proxys_choice() {
+        use IpFamily::*;
+        assert_eq!(served_families(true, Some("0\n")), vec![V4, V6]);
+        assert_eq!(served_families(true, None), vec![V4, V6]);
+        assert_eq!(served_families(true, Some("1\n")), vec![V4]);
+        assert_eq!(served_families(false, Some("0")), vec![V4]);
     }
 
     #[test]

@@ -58,28 +58,49 @@ pub fn parse(text: &str) -> Vec<Sample> {
         .collect()
 }
 
-fn value(samples: &[Sample], name: &str, label: Option<(&str, &str)>) -> Option<f64> {
+fn matching<'s>(
+    samples: &'s [Sample],
+    name: &'s str,
+    label: Option<(&'s str, &'s str)>,
+) -> impl Iterator<Item = f64> + 's {
     samples
         .iter()
-        .find(|s| s.name == name && label.is_none_or(|(k, v)| s.label(k) == Some(v)))
+        .filter(move |s| s.name == name && label.is_none_or(|(k, v)| s.label(k) == Some(v)))
         .map(|s| s.value)
+}
+
+/// The value of a sample with no per-family series, or the largest across families: one
+/// sync is recorded in each family's series (as kube-proxy's per-family proxiers record
+/// theirs), so the largest is the node's count or latest time.
+fn value(samples: &[Sample], name: &str, label: Option<(&str, &str)>) -> Option<f64> {
+    matching(samples, name, label).reduce(f64::max)
+}
+
+/// The sum across families: what each family holds apart (services without local
+/// endpoints).
+fn total(samples: &[Sample], name: &str, label: Option<(&str, &str)>) -> Option<f64> {
+    matching(samples, name, label).reduce(|a, b| a + b)
 }
 
 /// The `q` quantile of a cumulative histogram, interpolated within its bucket as
 /// Prometheus's `histogram_quantile` does; `None` without observations.
 pub fn quantile(samples: &[Sample], histogram: &str, q: f64) -> Option<f64> {
     let name = format!("{histogram}_bucket");
-    let mut buckets: Vec<(f64, f64)> = samples
-        .iter()
-        .filter(|s| s.name == name)
-        .filter_map(|s| {
-            let le = match s.label("le")? {
-                "+Inf" => f64::INFINITY,
-                v => v.parse().ok()?,
-            };
-            Some((le, s.value))
-        })
-        .collect();
+    // Series of several families are added bucket by bucket, as `sum by (le)` does.
+    let mut summed: Vec<(f64, f64)> = Vec::new();
+    for s in samples.iter().filter(|s| s.name == name) {
+        let Some(le) = s.label("le").and_then(|v| match v {
+            "+Inf" => Some(f64::INFINITY),
+            v => v.parse().ok(),
+        }) else {
+            continue;
+        };
+        match summed.iter_mut().find(|(l, _)| *l == le) {
+            Some((_, c)) => *c += s.value,
+            None => summed.push((le, s.value)),
+        }
+    }
+    let mut buckets = summed;
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     let total = buckets.last()?.1;
     if total <= 0.0 {
@@ -218,12 +239,12 @@ pub fn table(metrics: &str, health: Option<(u16, &str)>, now_unix: f64) -> Strin
         "no local endpoints",
         format!(
             "{} internal, {} external",
-            count(value(
+            count(total(
                 &s,
                 "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
                 Some(("traffic_policy", "internal"))
             )),
-            count(value(
+            count(total(
                 &s,
                 "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
                 Some(("traffic_policy", "external"))
@@ -290,20 +311,30 @@ fn dechunk(mut body: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    // Per family, as kube-proxy v1.37 and the agent export them: each sync in both.
     const TEXT: &str = r#"# HELP x
-kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="0.001"} 0
-kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="0.002"} 5
-kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="0.004"} 10
-kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="+Inf"} 10
-kubeproxy_sync_proxy_rules_duration_seconds_count 10
-kubeproxy_sync_full_proxy_rules_duration_seconds_count 1
-kubeproxy_sync_partial_proxy_rules_duration_seconds_count 9
-kubeproxy_sync_proxy_rules_last_timestamp_seconds 1000
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.001"} 0
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.002"} 5
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.004"} 10
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="+Inf"} 10
+kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"} 10
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="0.001"} 0
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="0.002"} 5
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="0.004"} 10
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="+Inf"} 10
+kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"} 10
+kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"} 1
+kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1
+kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv4"} 9
+kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv6"} 9
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 999
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv6"} 1000
+kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv6",traffic_policy="external"} 1
 switchyard_programmed{what="service_ports"} 42
 switchyard_programmed{what="endpoints"} 420
 switchyard_sync_failures_total{reason="rejected"} 2
 switchyard_drift_repairs_total 1
-kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 3
+kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="external"} 2
 "#;
 
     #[test]

@@ -342,19 +342,24 @@ fn run_programs_follows_edits_repairs_drift_and_reports() {
     agent.wait_metric("switchyard_drift_repairs_total", 1.0);
     let (code, text) = agent.get(METRICS, "/metrics");
     assert_eq!(code, 200);
-    let syncs = agent.metric(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count");
+    let syncs = agent.metric(
+        &text,
+        &exposition::v4("kubeproxy_sync_proxy_rules_duration_seconds_count"),
+    );
     assert!(syncs >= 3.0, "{syncs} syncs\n{text}");
     assert!(
         agent.metric(
             &text,
-            "kubeproxy_sync_full_proxy_rules_duration_seconds_count"
+            &exposition::v4("kubeproxy_sync_full_proxy_rules_duration_seconds_count")
         ) >= 2.0
     );
     for le in [
         "0.001", "0.002", "0.004", "0.008", "0.016", "0.032", "0.064", "0.128", "0.256", "0.512",
         "1.024", "2.048", "4.096", "8.192", "16.384", "+Inf",
     ] {
-        let line = format!("kubeproxy_sync_proxy_rules_duration_seconds_bucket{{le=\"{le}\"}}");
+        let line = format!(
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{{ip_family=\"IPv4\",le=\"{le}\"}}"
+        );
         assert!(text.contains(&line), "{line} missing");
     }
     assert!(
@@ -376,7 +381,10 @@ fn run_programs_follows_edits_repairs_drift_and_reports() {
         agent.metric(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_pending"),
         0.0
     );
-    let last = agent.metric(&text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds");
+    let last = agent.metric(
+        &text,
+        &exposition::v4("kubeproxy_sync_proxy_rules_last_timestamp_seconds"),
+    );
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -386,7 +394,7 @@ fn run_programs_follows_edits_repairs_drift_and_reports() {
     assert_eq!(
         agent.metric(
             &text,
-            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+            &exposition::v4("kubeproxy_sync_proxy_rules_nftables_sync_failures_total")
         ),
         0.0
     );
@@ -422,14 +430,14 @@ fn run_in_iptables_mode_follows_edits_and_repairs_flushed_chains() {
     assert!(
         agent.metric(
             &text,
-            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count"
+            &exposition::v4("kubeproxy_sync_partial_proxy_rules_duration_seconds_count")
         ) >= 1.0,
         "the edit was a partial sync\n{text}"
     );
     assert!(
         agent.metric(
             &text,
-            r#"kubeproxy_sync_proxy_rules_iptables_total{table="nat"}"#
+            r#"kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"}"#
         ) >= 8.0,
         "{text}"
     );
@@ -446,7 +454,7 @@ fn run_in_iptables_mode_follows_edits_and_repairs_flushed_chains() {
     assert_eq!(
         agent.metric(
             &text,
-            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+            &exposition::v4("kubeproxy_sync_proxy_rules_iptables_restore_failures_total")
         ),
         0.0
     );
@@ -567,7 +575,10 @@ fn status_shows_what_a_running_agent_programs() {
         return;
     };
     agent.wait_ruleset("the first sync", |rs| rs.contains("10.0.0.1"));
-    agent.wait_metric("kubeproxy_sync_proxy_rules_duration_seconds_count", 1.0);
+    agent.wait_metric(
+        &exposition::v4("kubeproxy_sync_proxy_rules_duration_seconds_count"),
+        1.0,
+    );
     let run = |args: &[&str]| {
         let mut all = vec![
             "netns",
@@ -871,7 +882,7 @@ fn healthz_and_livez_fail_while_a_queued_update_goes_stale() {
     assert!(
         agent.metric(
             &text,
-            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+            &exposition::v4("kubeproxy_sync_proxy_rules_nftables_sync_failures_total")
         ) >= 1.0
     );
 
@@ -1005,7 +1016,9 @@ fn a_real_prometheus_scrapes_the_kube_proxy_metrics() {
     }
 
     // The histogram arrives with kube-proxy's buckets, parsed by Prometheus itself.
-    let buckets = series(&query("kubeproxy_sync_proxy_rules_duration_seconds_bucket"));
+    let buckets = series(&query(
+        "kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\"}",
+    ));
     let mut les: Vec<String> = buckets
         .iter()
         .map(|s| s["metric"]["le"].as_str().unwrap().to_string())
@@ -1021,12 +1034,21 @@ fn a_real_prometheus_scrapes_the_kube_proxy_metrics() {
             "0.512", "1.024", "2.048", "4.096", "8.192", "16.384", "+Inf"
         ]
     );
+    // One series per IP family the node serves, as kube-proxy's per-family proxiers.
     let syncs = series(&query("kubeproxy_sync_proxy_rules_duration_seconds_count"));
-    assert_eq!(syncs.len(), 1, "{syncs:?}");
-    assert!(sample(&syncs[0]) >= 1.0, "{syncs:?}");
+    let families: std::collections::BTreeSet<&str> = syncs
+        .iter()
+        .map(|s| s["metric"]["ip_family"].as_str().unwrap_or("none"))
+        .collect();
+    assert!(
+        families.contains("IPv4") && families.iter().all(|f| ["IPv4", "IPv6"].contains(f)),
+        "{syncs:?}"
+    );
+    assert_eq!(syncs.len(), families.len(), "{syncs:?}");
+    assert!(syncs.iter().all(|s| sample(s) >= 1.0), "{syncs:?}");
     // A quantile the way a dashboard asks for it.
     let p99 = series(&query(
-        "histogram_quantile(0.99,kubeproxy_sync_proxy_rules_duration_seconds_bucket)",
+        "histogram_quantile(0.99, sum by (le) (kubeproxy_sync_proxy_rules_duration_seconds_bucket))",
     ));
     assert_eq!(p99.len(), 1, "{p99:?}");
     let p99 = sample(&p99[0]);
@@ -1034,7 +1056,7 @@ fn a_real_prometheus_scrapes_the_kube_proxy_metrics() {
     // The quantile as the dashboard and the alerts ask for it: over a rate, which needs
     // syncs between scrapes. Edits make them, until Prometheus has seen some.
     let rate_p99 =
-        "histogram_quantile(0.99, rate(kubeproxy_sync_proxy_rules_duration_seconds_bucket[1m]))";
+        "histogram_quantile(0.99, sum by (le) (rate(kubeproxy_sync_proxy_rules_duration_seconds_bucket[1m])))";
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut edit = 0u32;
     let p99 = loop {
@@ -1059,7 +1081,9 @@ fn a_real_prometheus_scrapes_the_kube_proxy_metrics() {
     };
     assert!(p99 > 0.0 && p99 <= 16.384, "rate p99 {p99}");
     // The gauge an alert on stale rules uses, within a minute of now.
-    let last = series(&query("kubeproxy_sync_proxy_rules_last_timestamp_seconds"));
+    let last = series(&query(
+        "max(kubeproxy_sync_proxy_rules_last_timestamp_seconds)",
+    ));
     assert_eq!(last.len(), 1, "{last:?}");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -836,3 +836,158 @@ fn configuration_matches_the_real_kube_proxy_field_for_field() {
         }
     }
 }
+
+/// Metric families of a scrape: name -> (type, label names). Histogram and summary samples
+/// count for their family; `le` and `quantile` are the type's own labels, not the family's.
+fn families(text: &str) -> std::collections::BTreeMap<String, (String, Vec<String>)> {
+    let mut out = std::collections::BTreeMap::new();
+    for l in text.lines() {
+        if let Some(rest) = l.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            out.insert(name.to_string(), (kind.to_string(), Vec::new()));
+        }
+    }
+    for l in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, labels)) = l.split_once('{') else {
+            continue;
+        };
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .filter_map(|s| name.strip_suffix(s))
+            .find(|f| out.contains_key(*f))
+            .unwrap_or(name);
+        let Some((_, names)) = out.get_mut(family) else {
+            continue;
+        };
+        for pair in labels.split("\",") {
+            let key = pair
+                .split('=')
+                .next()
+                .unwrap()
+                .trim_matches(['{', '}', ',']);
+            if !key.is_empty()
+                && key != "le"
+                && key != "quantile"
+                && !names.iter().any(|n| n == key)
+            {
+                names.push(key.to_string());
+            }
+        }
+    }
+    for (_, names) in out.values_mut() {
+        names.sort();
+    }
+    out
+}
+
+/// The metrics a dashboard reads from kube-proxy are there when Switchyard replaces it: in
+/// each mode, every `kubeproxy_` family the real kube-proxy v1.37.2 exports on the same node
+/// with the same services (a TCP and a UDP one), with its type and label names, and the API
+/// client and process families dashboards chart. The real binary's scrape is the reference,
+/// not a list of ours. (IPVS mode is left out: the real kube-proxy needs the ip_vs module,
+/// which only the QEMU guest has.)
+#[test]
+fn metrics_are_the_real_kube_proxys_in_each_mode() {
+    let Some(real) = real_kube_proxy() else {
+        return;
+    };
+    for mode in ["iptables", "nftables"] {
+        let Some(node) = Ns::new(&format!("metrics{}", &mode[..3])) else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let api = api_in(&node, "10.200.0.2");
+        api.apply(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "dns", "namespace": "ns"},
+            "spec": {"clusterIP": "172.30.0.53", "clusterIPs": ["172.30.0.53"],
+                "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}}));
+        api.apply(
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "dns-1", "namespace": "ns",
+                "labels": {"kubernetes.io/service-name": "dns"}},
+            "addressType": "IPv4", "ports": [{"name": "dns", "port": 5353, "protocol": "UDP"}],
+            "endpoints": [{"addresses": ["10.200.0.3"], "conditions": {"ready": true}}]}),
+        );
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+        let args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--proxy-mode={mode}"),
+            "--hostname-override=node-a".to_string(),
+            "--kube-api-content-type=application/json".to_string(),
+            "--conntrack-max-per-core=0".to_string(),
+        ];
+        let scrape = |what: &str, bin: &Path| {
+            let log = dir.path().join(format!("{what}.log"));
+            let child = Command::new("ip")
+                .args(["netns", "exec", &node.0])
+                .arg(bin)
+                .args(&args)
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            let p = Proc(child, log);
+            // After the first sync and its conntrack reconciliation.
+            let mut text = String::new();
+            wait_for(&format!("{what}'s first sync in {mode} mode"), &p, || {
+                text = match http::get(&node.0, "127.0.0.1:10249", "/metrics") {
+                    Ok((200, body)) => body,
+                    _ => return false,
+                };
+                text.lines().any(|l| {
+                    l.starts_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+                        && !l.ends_with(" 0")
+                }) && text.contains("kubeproxy_conntrack_reconciler_sync_duration_seconds_count")
+            });
+            drop(p);
+            text
+        };
+        let theirs = families(&scrape("kube-proxy", &real));
+        let ours = families(&scrape("switchyard", &kube_proxy_binary(dir.path())));
+        let charted = |name: &str| {
+            name.starts_with("kubeproxy_")
+                || [
+                    "rest_client_requests_total",
+                    "rest_client_request_duration_seconds",
+                    "process_cpu_seconds_total",
+                    "process_resident_memory_bytes",
+                    "process_start_time_seconds",
+                    "process_open_fds",
+                    "process_max_fds",
+                ]
+                .contains(&name)
+        };
+        // kube-proxy's iptables mode counts two kinds of packets in nfacct objects; Switchyard
+        // writes neither rule yet (README, "Not written"): these two are the known gap.
+        let known_gap = [
+            "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
+            "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
+        ];
+        let differ: Vec<String> = theirs
+            .iter()
+            .filter(|(name, _)| charted(name) && !known_gap.contains(&name.as_str()))
+            .filter(|(name, want)| ours.get(*name) != Some(*want))
+            .map(|(name, want)| {
+                format!(
+                    "{name}: kube-proxy {want:?}, switchyard {:?}",
+                    ours.get(name)
+                )
+            })
+            .collect();
+        assert!(
+            differ.is_empty(),
+            "{mode} mode, families that differ from the real kube-proxy's:\n{}\n\nkube-proxy's: {:?}",
+            differ.join("\n"),
+            theirs.keys().filter(|n| charted(n)).collect::<Vec<_>>()
+        );
+        assert!(
+            theirs
+                .keys()
+                .filter(|n| n.starts_with("kubeproxy_"))
+                .count()
+                >= 10,
+            "{theirs:?}"
+        );
+    }
+}

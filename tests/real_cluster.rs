@@ -1686,7 +1686,20 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
             .any(|e| e.address == ip.to_string() && !e.ready && e.serving && e.terminating)
     };
 
-    // Scale down: web-2 deleted.
+    // Scale down: web-2 deleted. UDP flows to it (the checks above made some) are cut by the
+    // conntrack reconciliation that follows the sync, as kube-proxy's: wait for it, seen in
+    // kube-proxy's own metric, before sending again.
+    let reconciled = |text: &str| {
+        let v = |m: &str| {
+            exposition::value(
+                text,
+                &format!("kubeproxy_conntrack_reconciler_{m}{{ip_family=\"IPv4\"}}"),
+            )
+            .unwrap_or(0.0)
+        };
+        (v("sync_duration_seconds_count"), v("deleted_entries_total"))
+    };
+    let (reconciles, deleted) = reconciled(&agent.metrics());
     timed(
         "pod web-2 deleted",
         &mut last,
@@ -1695,6 +1708,23 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
         &[w0, w1],
         FOLLOW_BOUND,
     );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = agent.metrics();
+        let now = reconciled(&text);
+        if now.1 > deleted {
+            assert!(now.0 > reconciles, "{text}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the UDP flows to web-2 were not deleted 5 s after the deletion's sync \
+             (reconciliations, deleted: {now:?}, before {:?})\nagent log:\n{}",
+            (reconciles, deleted),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     check("after the deletion", CLIENT_IP, vip, false, &[w0, w1]);
     check("after the deletion (UDP)", CLIENT_IP, dns, true, &[w0, w1]);
 
@@ -1761,7 +1791,9 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
     // annotations: observed for the flips and the new pod, each within a second.
     let metric = "kubeproxy_network_programming_duration_seconds";
     let after = agent.metrics();
-    let count = |text: &str| exposition::value(text, &format!("{metric}_count")).unwrap_or(0.0);
+    let count = |text: &str| {
+        exposition::value(text, &exposition::v4(&format!("{metric}_count"))).unwrap_or(0.0)
+    };
     let within = |text: &str| {
         exposition::buckets(text, metric)
             .iter()
@@ -1771,8 +1803,10 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
     };
     let observed = count(&after) - count(&before);
     let fast = within(&after) - within(&before);
-    let sum = exposition::value(&after, &format!("{metric}_sum")).unwrap_or(0.0)
-        - exposition::value(&before, &format!("{metric}_sum")).unwrap_or(0.0);
+    let sum = |text: &str| {
+        exposition::value(text, &exposition::v4(&format!("{metric}_sum"))).unwrap_or(0.0)
+    };
+    let sum = sum(&after) - sum(&before);
     println!(
         "{metric}: {observed} new observations, {fast} within 1 s, {:.0} ms on average",
         if observed > 0.0 {

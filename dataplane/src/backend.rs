@@ -1,6 +1,7 @@
 //! The backend interface every dataplane mode implements, and what a sync reports.
 
 use crate::iptables::exec::IptablesError;
+use crate::model::IpFamily;
 use crate::nft::exec::NftError;
 use crate::nft::transaction::TxStats;
 use std::collections::BTreeSet;
@@ -33,6 +34,27 @@ impl BackendError {
             BackendError::Ipvs(e) => e.reason(),
         }
     }
+
+    /// The one IP family a failure is known to concern; `None` when it may concern both
+    /// (kube-proxy counts failures per family, in its per-family proxiers).
+    pub fn family(&self) -> Option<IpFamily> {
+        match self {
+            BackendError::Nft(NftError::Family { family, .. }) => Some(*family),
+            // Each family has its own restore program; the error names the one that failed.
+            BackendError::Iptables(
+                IptablesError::Spawn { program, .. }
+                | IptablesError::Rejected { program, .. }
+                | IptablesError::Save { program, .. }
+                | IptablesError::Parse { program, .. },
+            ) => Some(if program.starts_with("ip6") {
+                IpFamily::V6
+            } else {
+                IpFamily::V4
+            }),
+            BackendError::Iptables(IptablesError::Sysctl(_)) => Some(IpFamily::V4),
+            _ => None,
+        }
+    }
 }
 
 /// What one sync did.
@@ -46,7 +68,7 @@ pub struct SyncReport {
     pub duration: Duration,
     /// Front ends left out because another service holds them.
     pub conflicts: Vec<String>,
-    pub no_local_endpoints: crate::nft::layout::NoLocalEndpoints,
+    pub no_local_endpoints: crate::nft::layout::NoLocalByFamily,
     pub services: usize,
     pub endpoints: usize,
 }

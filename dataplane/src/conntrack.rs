@@ -134,15 +134,25 @@ pub fn clean(
     now: &UdpFrontends,
     previous: &UdpFrontends,
 ) -> Result<usize, NetlinkError> {
-    let mut deleted = 0;
-    for family in IpFamily::ALL {
-        let flows = ct.udp_flows(family, &|f| now.concerns(previous, f))?;
-        for f in now.stale(previous, &flows) {
-            ct.delete(f)?;
-            deleted += 1;
-        }
+    IpFamily::ALL.into_iter().try_fold(0, |n, family| {
+        Ok(n + clean_family(ct, family, now, previous)?)
+    })
+}
+
+/// Delete the stale UDP flows of one family; returns how many went. kube-proxy reconciles
+/// (and reports) conntrack per family, so the agent calls this once for each.
+pub fn clean_family(
+    ct: &mut dyn Conntrack,
+    family: IpFamily,
+    now: &UdpFrontends,
+    previous: &UdpFrontends,
+) -> Result<usize, NetlinkError> {
+    let flows = ct.udp_flows(family, &|f| now.concerns(previous, f))?;
+    let stale = now.stale(previous, &flows);
+    for f in &stale {
+        ct.delete(f)?;
     }
-    Ok(deleted)
+    Ok(stale.len())
 }
 
 // linux/netfilter/nfnetlink_conntrack.h

@@ -1,8 +1,9 @@
 //! The agent's Prometheus metrics: kube-proxy's names, labels and buckets, so existing
 //! dashboards and alerts keep working, plus `switchyard_` metrics for what kube-proxy lacks.
 
+use dataplane::model::IpFamily;
 use prometheus::{
-    exponential_buckets, linear_buckets, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts,
+    exponential_buckets, linear_buckets, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec,
     IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -10,21 +11,27 @@ use prometheus::{
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    pub sync_duration: Histogram,
-    pub sync_full_duration: Histogram,
-    pub sync_partial_duration: Histogram,
-    pub network_programming: Histogram,
-    pub last_sync_timestamp: Gauge,
-    pub last_queued_timestamp: Gauge,
+    /// The `ip_family` label values of the families this node serves (kube-proxy runs a
+    /// proxier per family and labels most of its metrics so).
+    families: Vec<&'static str>,
+    pub sync_duration: HistogramVec,
+    pub sync_full_duration: HistogramVec,
+    pub sync_partial_duration: HistogramVec,
+    pub network_programming: HistogramVec,
+    pub last_sync_timestamp: GaugeVec,
+    pub last_queued_timestamp: GaugeVec,
     pub service_changes_pending: IntGauge,
     pub service_changes_total: IntCounter,
     pub endpoint_changes_pending: IntGauge,
     pub endpoint_changes_total: IntCounter,
-    pub nftables_sync_failures: IntCounter,
-    pub iptables_restore_failures: IntCounter,
-    pub iptables_partial_restore_failures: IntCounter,
+    pub nftables_sync_failures: IntCounterVec,
+    pub iptables_restore_failures: IntCounterVec,
+    pub iptables_partial_restore_failures: IntCounterVec,
     pub iptables_rules: IntGaugeVec,
+    pub iptables_rules_last: IntGaugeVec,
     pub no_local_endpoints: IntGaugeVec,
+    pub conntrack_reconcile: HistogramVec,
+    pub conntrack_deleted: IntCounterVec,
     pub drift_repairs: IntCounter,
     pub objects_invalid: IntGaugeVec,
     pub frontend_conflicts: IntGauge,
@@ -57,6 +64,19 @@ fn histogram(
     Ok(h)
 }
 
+/// A histogram with kube-proxy's `ip_family` label.
+fn family_histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: Vec<f64>,
+) -> Result<HistogramVec, MetricsError> {
+    register(
+        registry,
+        HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), &[FAMILY])?,
+    )
+}
+
 fn register<T: prometheus::core::Collector + Clone + 'static>(
     registry: &Registry,
     c: T,
@@ -81,8 +101,21 @@ fn programming_buckets() -> Result<Vec<f64>, MetricsError> {
     Ok(b)
 }
 
+/// kube-proxy's label for the IP family of a per-family proxier.
+const FAMILY: &str = "ip_family";
+
+/// kube-proxy's values of `ip_family` (v1.IPFamily).
+pub fn family_label(f: IpFamily) -> &'static str {
+    match f {
+        IpFamily::V4 => "IPv4",
+        IpFamily::V6 => "IPv6",
+    }
+}
+
 impl Metrics {
-    pub fn new() -> Result<Metrics, MetricsError> {
+    /// Metrics for a node serving `families` (their `ip_family` series start at zero, so
+    /// that rates and alerts have a series before the first event).
+    pub fn new(families: &[IpFamily]) -> Result<Metrics, MetricsError> {
         let r = Registry::new();
         #[cfg(target_os = "linux")]
         r.register(Box::new(
@@ -102,7 +135,7 @@ impl Metrics {
             )?,
             duration: register(
                 &r,
-                prometheus::HistogramVec::new(
+                HistogramVec::new(
                     HistogramOpts::new(
                         "rest_client_request_duration_seconds",
                         "Request latency in seconds. Broken down by verb, and host.",
@@ -112,27 +145,28 @@ impl Metrics {
                 )?,
             )?,
         };
-        Ok(Metrics {
+        let m = Metrics {
+            families: families.iter().map(|f| family_label(*f)).collect(),
             client,
-            sync_duration: histogram(
+            sync_duration: family_histogram(
                 &r,
                 "kubeproxy_sync_proxy_rules_duration_seconds",
                 &sync_help(""),
                 sync_buckets()?,
             )?,
-            sync_full_duration: histogram(
+            sync_full_duration: family_histogram(
                 &r,
                 "kubeproxy_sync_full_proxy_rules_duration_seconds",
                 &sync_help(" for full resyncs"),
                 sync_buckets()?,
             )?,
-            sync_partial_duration: histogram(
+            sync_partial_duration: family_histogram(
                 &r,
                 "kubeproxy_sync_partial_proxy_rules_duration_seconds",
                 &sync_help(" for partial resyncs"),
                 sync_buckets()?,
             )?,
-            network_programming: histogram(
+            network_programming: family_histogram(
                 &r,
                 "kubeproxy_network_programming_duration_seconds",
                 "In Cluster Network Programming Latency in seconds",
@@ -140,16 +174,22 @@ impl Metrics {
             )?,
             last_sync_timestamp: register(
                 &r,
-                Gauge::new(
-                    "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-                    "The last time proxy rules were successfully synced",
+                GaugeVec::new(
+                    Opts::new(
+                        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+                        "The last time proxy rules were successfully synced",
+                    ),
+                    &[FAMILY],
                 )?,
             )?,
             last_queued_timestamp: register(
                 &r,
-                Gauge::new(
-                    "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-                    "The last time a sync of proxy rules was queued",
+                GaugeVec::new(
+                    Opts::new(
+                        "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+                        "The last time a sync of proxy rules was queued",
+                    ),
+                    &[FAMILY],
                 )?,
             )?,
             service_changes_pending: register(
@@ -182,23 +222,32 @@ impl Metrics {
             )?,
             nftables_sync_failures: register(
                 &r,
-                IntCounter::new(
-                    "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
-                    "Cumulative proxy nftables sync failures",
+                IntCounterVec::new(
+                    Opts::new(
+                        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+                        "Cumulative proxy nftables sync failures",
+                    ),
+                    &[FAMILY],
                 )?,
             )?,
             iptables_restore_failures: register(
                 &r,
-                IntCounter::new(
-                    "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
-                    "Cumulative proxy iptables restore failures",
+                IntCounterVec::new(
+                    Opts::new(
+                        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+                        "Cumulative proxy iptables restore failures",
+                    ),
+                    &[FAMILY],
                 )?,
             )?,
             iptables_partial_restore_failures: register(
                 &r,
-                IntCounter::new(
-                    "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
-                    "Cumulative proxy iptables partial restore failures",
+                IntCounterVec::new(
+                    Opts::new(
+                        "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+                        "Cumulative proxy iptables partial restore failures",
+                    ),
+                    &[FAMILY],
                 )?,
             )?,
             iptables_rules: register(
@@ -208,7 +257,17 @@ impl Metrics {
                         "kubeproxy_sync_proxy_rules_iptables_total",
                         "Total number of iptables rules owned by kube-proxy",
                     ),
-                    &["table"],
+                    &["table", FAMILY],
+                )?,
+            )?,
+            iptables_rules_last: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "kubeproxy_sync_proxy_rules_iptables_last",
+                        "Number of iptables rules written by kube-proxy in last sync",
+                    ),
+                    &["table", FAMILY],
                 )?,
             )?,
             no_local_endpoints: register(
@@ -218,7 +277,30 @@ impl Metrics {
                         "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
                         "Number of services with a Local traffic policy and no endpoints",
                     ),
-                    &["traffic_policy"],
+                    &["traffic_policy", FAMILY],
+                )?,
+            )?,
+            // kube-proxy registers these in every Linux mode and observes them at each
+            // conntrack reconciliation (pkg/proxy/conntrack/cleanup.go, CleanStaleEntries).
+            conntrack_reconcile: register(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+                        "ReconcileConntrackFlowsLatency latency in seconds",
+                    )
+                    .buckets(sync_buckets()?),
+                    &["ip_family"],
+                )?,
+            )?,
+            conntrack_deleted: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "kubeproxy_conntrack_reconciler_deleted_entries_total",
+                        "Cumulative conntrack flows deleted by conntrack reconciler",
+                    ),
+                    &["ip_family"],
                 )?,
             )?,
             drift_repairs: register(
@@ -322,7 +404,34 @@ impl Metrics {
                 )?,
             )?,
             registry: r,
-        })
+        };
+        for f in &m.families {
+            for h in [
+                &m.sync_duration,
+                &m.sync_full_duration,
+                &m.sync_partial_duration,
+                &m.network_programming,
+            ] {
+                h.with_label_values(&[f]);
+            }
+            for c in [
+                &m.nftables_sync_failures,
+                &m.iptables_restore_failures,
+                &m.iptables_partial_restore_failures,
+            ] {
+                c.with_label_values(&[f]);
+            }
+        }
+        Ok(m)
+    }
+
+    /// The `ip_family` values a sync of these families reports under: the one family a
+    /// change or failure is known to concern, or every family the node serves.
+    pub fn families(&self, only: Option<IpFamily>) -> Vec<&'static str> {
+        match only {
+            Some(f) => vec![family_label(f)],
+            None => self.families.clone(),
+        }
     }
 
     /// The text exposition format.
@@ -353,20 +462,36 @@ mod tests {
 
     #[test]
     fn renders_every_kube_proxy_name() {
-        let m = Metrics::new().unwrap();
-        m.sync_duration.observe(0.002);
-        m.no_local_endpoints.with_label_values(&["external"]).set(0);
+        let m = Metrics::new(&[IpFamily::V4, IpFamily::V6]).unwrap();
+        for f in m.families(None) {
+            m.sync_duration.with_label_values(&[f]).observe(0.002);
+            m.last_sync_timestamp.with_label_values(&[f]).set(1.0);
+        }
+        m.no_local_endpoints
+            .with_label_values(&["external", "IPv4"])
+            .set(0);
         let text = m.render();
         for name in [
-            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.002\"} 1",
-            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.002\"} 1",
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family=\"IPv6\",le=\"0.002\"} 1",
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"} 1",
             "kubeproxy_sync_proxy_rules_endpoint_changes_total",
-            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
-            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
-            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
-            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}",
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"} 0",
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv6\"} 0",
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family=\"IPv4\"} 0",
+            "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"} 0",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"external\"}",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }
+        // A node without IPv6 has no IPv6 series, as kube-proxy's single-stack proxier.
+        let v4 = Metrics::new(&[IpFamily::V4]).unwrap().render();
+        assert!(!v4.contains("IPv6"), "{v4}");
+        assert_eq!(
+            Metrics::new(&[IpFamily::V4, IpFamily::V6])
+                .unwrap()
+                .families(Some(IpFamily::V6)),
+            vec!["IPv6"]
+        );
     }
 }

@@ -19,15 +19,17 @@ use crate::nodeaddr::Interfaces;
 use dataplane::backend::{Backend, BackendError, Scope, SyncReport};
 use dataplane::conntrack::{self, Ctnetlink, UdpFrontends};
 use dataplane::iptables::exec::IptablesCommand;
+use dataplane::iptables::render::TableName;
 use dataplane::iptables::IptablesBackend;
 use dataplane::ipvs::kernel::RealIpvs;
 use dataplane::ipvs::IpvsBackend;
+use dataplane::model::IpFamily;
 use dataplane::nft::exec::{read_kernel, NftCommand, NftError};
 use dataplane::nft::state::Ruleset;
 use dataplane::nft::verify;
 use dataplane::nft::NftBackend;
 use health::Health;
-use metrics::Metrics;
+use metrics::{family_label, Metrics};
 use schedule::Schedule;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -167,7 +169,7 @@ async fn run_async(
     source: Source,
     open_files: u64,
 ) -> Result<(), AgentError> {
-    let metrics = Metrics::new()?;
+    let metrics = Metrics::new(&crate::node_setup::kernel_families())?;
     // Each server's connections count against a pool sized from the open-files limit, so
     // that a flood of connections never takes the descriptors a sync needs.
     let per_pool = fds::per_pool(open_files);
@@ -466,7 +468,12 @@ impl Agent {
             self.schedule.request();
             let now = SystemTime::now();
             self.health().queued(now);
-            self.metrics.last_queued_timestamp.set(unix_seconds(now));
+            for f in self.metrics.families(None) {
+                self.metrics
+                    .last_queued_timestamp
+                    .with_label_values(&[f])
+                    .set(unix_seconds(now));
+            }
         }
     }
 
@@ -589,11 +596,26 @@ impl Agent {
             });
         }
         if let Dataplane::Iptables(ipt) = &self.backend {
-            for (table, n) in ipt.rule_counts() {
-                self.metrics
-                    .iptables_rules
-                    .with_label_values(&[table.as_str()])
-                    .set(n as i64);
+            // kube-proxy has no mangle chains: that table shows only when we hold rules there.
+            let shown = |(family, table): &(IpFamily, TableName), n: usize| {
+                (n > 0 || *table != TableName::Mangle)
+                    .then(|| [table.as_str(), family_label(*family)])
+            };
+            for (key, n) in ipt.rule_counts() {
+                if let Some(labels) = shown(&key, n) {
+                    self.metrics
+                        .iptables_rules
+                        .with_label_values(&labels)
+                        .set(n as i64);
+                }
+            }
+            for (key, n) in ipt.rules_written_last() {
+                if let Some(labels) = shown(&key, n) {
+                    self.metrics
+                        .iptables_rules_last
+                        .with_label_values(&labels)
+                        .set(n as i64);
+                }
             }
             if self.next_canary.is_none() {
                 self.next_canary = Some(done + self.canary_interval);
@@ -601,24 +623,40 @@ impl Agent {
         }
         self.schedule.succeeded(done, report.full);
         let secs = report.duration.as_secs_f64();
-        self.metrics.sync_duration.observe(secs);
-        if report.full {
-            self.metrics.sync_full_duration.observe(secs);
+        // One sync programs every family; each family's series records it, as each of
+        // kube-proxy's per-family proxiers records its own.
+        let kind = if report.full {
+            &self.metrics.sync_full_duration
         } else {
-            self.metrics.sync_partial_duration.observe(secs);
+            &self.metrics.sync_partial_duration
+        };
+        for f in self.metrics.families(None) {
+            self.metrics
+                .sync_duration
+                .with_label_values(&[f])
+                .observe(secs);
+            kind.with_label_values(&[f]).observe(secs);
+            self.metrics
+                .last_sync_timestamp
+                .with_label_values(&[f])
+                .set(unix_seconds(now));
         }
-        self.metrics.last_sync_timestamp.set(unix_seconds(now));
         self.metrics
             .kernel_operations
             .observe(report.stats.operations() as f64);
-        self.metrics
-            .no_local_endpoints
-            .with_label_values(&["internal"])
-            .set(report.no_local_endpoints.internal as i64);
-        self.metrics
-            .no_local_endpoints
-            .with_label_values(&["external"])
-            .set(report.no_local_endpoints.external as i64);
+        for family in IpFamily::ALL {
+            let f = family_label(family);
+            if !self.metrics.families(None).contains(&f) {
+                continue;
+            }
+            let n = report.no_local_endpoints.of(family);
+            for (policy, n) in [("internal", n.internal), ("external", n.external)] {
+                self.metrics
+                    .no_local_endpoints
+                    .with_label_values(&[policy, f])
+                    .set(n as i64);
+            }
+        }
         self.metrics
             .programmed
             .with_label_values(&["service_ports"])
@@ -639,9 +677,12 @@ impl Agent {
         }
         let changes = std::mem::take(&mut self.unsynced);
         for (_, c) in &changes.endpoints {
-            for t in &c.trigger_times {
+            for (family, t) in &c.trigger_times {
                 if let Ok(d) = now.duration_since(*t) {
-                    self.metrics.network_programming.observe(d.as_secs_f64());
+                    self.metrics
+                        .network_programming
+                        .with_label_values(&[family_label(*family)])
+                        .observe(d.as_secs_f64());
                 }
             }
         }
@@ -677,8 +718,23 @@ impl Agent {
             return;
         }
         let previous = &self.udp_frontends;
+        let metrics = &self.metrics;
         let result = tokio::task::block_in_place(|| {
-            Ctnetlink::open().and_then(|mut ct| conntrack::clean(&mut ct, &now, previous))
+            let mut ct = Ctnetlink::open()?;
+            IpFamily::ALL.into_iter().try_fold(0, |total, family| {
+                let started = Instant::now();
+                let n = conntrack::clean_family(&mut ct, family, &now, previous)?;
+                let label = family_label(family);
+                metrics
+                    .conntrack_reconcile
+                    .with_label_values(&[label])
+                    .observe(started.elapsed().as_secs_f64());
+                metrics
+                    .conntrack_deleted
+                    .with_label_values(&[label])
+                    .inc_by(n as u64);
+                Ok::<_, dataplane::nft::netlink::NetlinkError>(total + n)
+            })
         });
         match result {
             Ok(0) => {}
@@ -802,13 +858,25 @@ impl Agent {
     }
 
     fn failed(&mut self, e: &BackendError, done: Instant, full: bool) {
-        match self.backend {
-            Dataplane::Nft(_) => self.metrics.nftables_sync_failures.inc(),
-            Dataplane::Ipvs(_) => {}
-            Dataplane::Iptables(_) => {
-                self.metrics.iptables_restore_failures.inc();
-                if !full {
-                    self.metrics.iptables_partial_restore_failures.inc();
+        for f in self.metrics.families(e.family()) {
+            match self.backend {
+                Dataplane::Nft(_) => self
+                    .metrics
+                    .nftables_sync_failures
+                    .with_label_values(&[f])
+                    .inc(),
+                Dataplane::Ipvs(_) => {}
+                Dataplane::Iptables(_) => {
+                    self.metrics
+                        .iptables_restore_failures
+                        .with_label_values(&[f])
+                        .inc();
+                    if !full {
+                        self.metrics
+                            .iptables_partial_restore_failures
+                            .with_label_values(&[f])
+                            .inc();
+                    }
                 }
             }
         }

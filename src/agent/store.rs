@@ -7,7 +7,7 @@ use crate::convert::{self, Skip, SliceEndpoints, LABEL_SERVICE_NAME};
 use crate::manifests::Object;
 use crate::snapshot::{self, NodeAddressSource, Skipped};
 use dataplane::frontends::Claims;
-use dataplane::model::{Endpoint, ServicePort, ServicePortName, Snapshot};
+use dataplane::model::{Endpoint, IpFamily, ServicePort, ServicePortName, Snapshot};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -110,7 +110,7 @@ pub struct Change<T> {
     pub first_event: Instant,
     /// The trigger-time annotations of the slice updates that made this change, one per
     /// update, each observed as network programming latency (as kube-proxy does).
-    pub trigger_times: Vec<SystemTime>,
+    pub trigger_times: Vec<(IpFamily, SystemTime)>,
 }
 
 /// Endpoints of one service, per service port.
@@ -147,7 +147,9 @@ pub struct Recorded {
 struct SliceEntry {
     service: ObjectKey,
     endpoints: SliceEndpoints,
-    trigger_time: Option<SystemTime>,
+    /// The trigger-time annotation, with the slice's address family (kube-proxy observes
+    /// it in the proxier of that family).
+    trigger_time: Option<(IpFamily, SystemTime)>,
 }
 
 /// Converted objects, the live snapshot and the pending changes.
@@ -334,7 +336,8 @@ impl Store {
                     .annotations
                     .as_ref()
                     .and_then(|a| a.get(ANNOTATION_TRIGGER_TIME))
-                    .and_then(|t| parse_rfc3339(t));
+                    .and_then(|t| parse_rfc3339(t))
+                    .and_then(|t| Some((convert::address_family(&slice.address_type)?, t)));
                 let service = slice
                     .metadata
                     .labels
@@ -546,7 +549,7 @@ impl Store {
         // deletion's annotation is the time of the last update, not of the deletion.
         let trigger = match entry.as_ref().map(|e| e.trigger_time) {
             None => Trigger::Reset,
-            Some(Some(t)) if t > self.started => Trigger::At(t),
+            Some(Some((f, t))) if t > self.started => Trigger::At(f, t),
             Some(_) => Trigger::None,
         };
         let unchanged = match (self.slices.get(&key), &entry) {
@@ -661,7 +664,7 @@ fn add(into: &mut Recorded, r: Recorded) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Trigger {
     None,
-    At(SystemTime),
+    At(IpFamily, SystemTime),
     /// Forget the times collected so far (a slice was deleted).
     Reset,
 }
@@ -690,7 +693,7 @@ fn track<T: PartialEq>(
     };
     match trigger {
         Trigger::None => {}
-        Trigger::At(t) => c.trigger_times.push(t),
+        Trigger::At(f, t) => c.trigger_times.push((f, t)),
         Trigger::Reset => c.trigger_times.clear(),
     }
     if c.previous != c.current {

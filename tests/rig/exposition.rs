@@ -9,17 +9,30 @@ pub fn value(text: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// (upper bound, cumulative count) of a histogram.
+/// `name` of the IPv4 series: kube-proxy (and so Switchyard) labels most of its metrics
+/// with the `ip_family` of the proxier that recorded them.
+pub fn v4(name: &str) -> String {
+    format!("{name}{{ip_family=\"IPv4\"}}")
+}
+
+/// (upper bound, cumulative count) of a histogram: its unlabelled series, or its IPv4 one.
 pub fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
-    let prefix = format!("{name}_bucket{{le=\"");
+    let prefix = format!("{name}_bucket{{");
     text.lines()
         .filter_map(|l| l.strip_prefix(&prefix))
         .filter_map(|rest| {
-            let (le, count) = rest.split_once("\"} ")?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
+            let (labels, count) = rest.split_once("} ")?;
+            let mut le = None;
+            for pair in labels.split(',') {
+                match pair.split_once('=')? {
+                    ("le", v) => le = Some(v.trim_matches('"')),
+                    ("ip_family", v) if v != "\"IPv4\"" => return None,
+                    _ => {}
+                }
+            }
+            let le = match le? {
+                "+Inf" => f64::INFINITY,
+                v => v.parse().ok()?,
             };
             Some((le, count.trim().parse().ok()?))
         })

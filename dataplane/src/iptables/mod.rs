@@ -28,6 +28,8 @@ pub struct IptablesBackend<E: IptablesExecutor> {
     plain_only: bool,
     /// A direct write failed: chains go through iptables-nft-restore only from then on.
     no_direct: bool,
+    /// Rules written into our chains by the last sync, per family and table.
+    last_written: BTreeMap<(IpFamily, render::TableName), usize>,
 }
 
 impl<E: IptablesExecutor> IptablesBackend<E> {
@@ -37,6 +39,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
             applied: Rendered::default(),
             plain_only: false,
             no_direct: false,
+            last_written: BTreeMap::new(),
         }
     }
 
@@ -48,12 +51,24 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         &mut self.exec
     }
 
-    /// Rules we own per table, over both families, as the last syncs left them.
-    pub fn rule_counts(&self) -> BTreeMap<render::TableName, usize> {
+    /// Rules we own per family and table, as the last syncs left them.
+    pub fn rule_counts(&self) -> BTreeMap<(IpFamily, render::TableName), usize> {
         let mut out = BTreeMap::new();
-        for layout in self.applied.families.values() {
+        for (family, layout) in &self.applied.families {
             for (table, _, rules) in layout.chains() {
-                *out.entry(table).or_insert(0) += rules.len();
+                *out.entry((*family, table)).or_insert(0) += rules.len();
+            }
+        }
+        out
+    }
+
+    /// Rules the last sync wrote, per family and table (a partial sync writes only the
+    /// changed services' chains; a family it did not touch wrote none).
+    pub fn rules_written_last(&self) -> BTreeMap<(IpFamily, render::TableName), usize> {
+        let mut out = self.last_written.clone();
+        for family in self.applied.families.keys() {
+            for table in render::TableName::ALL {
+                out.entry((*family, table)).or_insert(0);
             }
         }
         out
@@ -232,6 +247,7 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
         let mut drift = false;
         let mut full = false;
         let mut failure = None;
+        self.last_written.clear();
         // A family that fails does not stop the other.
         for family in IpFamily::ALL {
             let (Some(desired), Some(jumps)) = (
@@ -248,6 +264,9 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
                 .flatten();
             match self.sync_family(&desired, &jumps, base, before, family) {
                 Ok((s, d)) => {
+                    for (table, n) in &s.rules_by_table {
+                        self.last_written.insert((family, *table), *n);
+                    }
                     stats.add(s);
                     drift |= d;
                     self.applied.families.insert(family, desired);

@@ -19,7 +19,7 @@ use crate::model::{
     Endpoint, IpFamily, LocalDetector, NodeConfig, NodePortAddresses, Protocol, ServicePort,
     ServicePortName, SessionAffinity, Snapshot, TrafficPolicy,
 };
-use crate::nft::layout::{disjoint_cidrs, LayoutReport};
+use crate::nft::layout::{disjoint_cidrs, LayoutReport, NoLocalEndpoints};
 use crate::selection;
 use ipnetwork::IpNetwork;
 use std::collections::{BTreeMap, BTreeSet};
@@ -800,8 +800,13 @@ fn assemble(node: &NodeConfig, family: IpFamily, layout: &mut FamilyLayout) {
     let mut fixed = fixed_chains(node, family);
     let mut claimed: BTreeSet<&str> = BTreeSet::new();
     for port in layout.ports.values() {
-        report.no_local_endpoints.internal += usize::from(port.no_local_internal);
-        report.no_local_endpoints.external += usize::from(port.no_local_external);
+        report.no_local_endpoints.add(
+            family,
+            NoLocalEndpoints {
+                internal: usize::from(port.no_local_internal),
+                external: usize::from(port.no_local_external),
+            },
+        );
         for fe in &port.frontends {
             if !claimed.insert(fe.key.as_str()) {
                 report.conflicts.push(format!(
@@ -963,8 +968,9 @@ pub fn rerender(
         out.report
             .conflicts
             .extend(layout.report.conflicts.iter().cloned());
-        out.report.no_local_endpoints.internal += layout.report.no_local_endpoints.internal;
-        out.report.no_local_endpoints.external += layout.report.no_local_endpoints.external;
+        out.report
+            .no_local_endpoints
+            .merge(&layout.report.no_local_endpoints);
         out.families.insert(family, layout);
         out.jumps.insert(family, jumps(node, family));
     }

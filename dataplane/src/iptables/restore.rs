@@ -203,12 +203,16 @@ pub fn parse_save(text: &str) -> Result<Saved, SaveParseError> {
 }
 
 /// What a restore input does, counted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RestoreStats {
     pub chains_written: usize,
     pub rules_written: usize,
     pub chains_deleted: usize,
     pub jumps_inserted: usize,
+    /// Rules written into our chains, per table (kube-proxy's
+    /// `sync_proxy_rules_iptables_last`; the jumps from built-in chains are not counted, as
+    /// kube-proxy ensures those apart from its restore input).
+    pub rules_by_table: BTreeMap<TableName, usize>,
 }
 
 impl RestoreStats {
@@ -217,6 +221,14 @@ impl RestoreStats {
         self.rules_written += o.rules_written;
         self.chains_deleted += o.chains_deleted;
         self.jumps_inserted += o.jumps_inserted;
+        for (t, n) in o.rules_by_table {
+            *self.rules_by_table.entry(t).or_default() += n;
+        }
+    }
+
+    fn wrote(&mut self, table: TableName, rules: usize) {
+        self.rules_written += rules;
+        *self.rules_by_table.entry(table).or_default() += rules;
     }
 }
 
@@ -289,7 +301,7 @@ impl TablePlan<'_, '_> {
         }
         for (_, rules) in &self.write {
             stats.chains_written += 1;
-            stats.rules_written += rules.len();
+            stats.wrote(table, rules.len());
         }
         // An emptied chain is written, with no rules.
         stats.chains_written += self.flush.len();
@@ -653,7 +665,7 @@ pub fn sync_inputs<'a>(
                     let chains = split_direct(plan, held);
                     if !chains.is_empty() {
                         stats.chains_written += chains.len();
-                        stats.rules_written += chains.iter().map(|(_, r)| r.len()).sum::<usize>();
+                        stats.wrote(table, chains.iter().map(|(_, r)| r.len()).sum::<usize>());
                         inputs.push(Input::Create { table, chains });
                     }
                 }

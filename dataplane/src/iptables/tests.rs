@@ -169,8 +169,9 @@ fn local_policies_use_local_chains_and_short_circuit() {
     // No local endpoint: clusterIP and external traffic dropped in filter.
     s.endpoints.get_mut(&name).unwrap()[1].node_name = Some("other".into());
     let r = render(&s);
-    assert_eq!(r.report.no_local_endpoints.internal, 1);
-    assert_eq!(r.report.no_local_endpoints.external, 1);
+    let v4 = r.report.no_local_endpoints.of(IpFamily::V4);
+    assert_eq!((v4.internal, v4.external), (1, 1));
+    assert_eq!(r.report.no_local_endpoints.total(), v4);
     let t = r.families[&IpFamily::V4].tables();
     let filter = &t.tables[&TableName::Filter];
     assert!(

@@ -253,7 +253,7 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
         else {
             return Ok(None);
         };
-        let no_local_endpoints = applied.plan.no_local_endpoints;
+        let no_local_endpoints = applied.plan.no_local_endpoints.clone();
         // From here the last plan is the new one: a failure sends the next sync to the
         // kernel for the truth.
         match self.apply_delta(snapshot, &delta) {
@@ -594,7 +594,7 @@ impl<K: IpvsKernel, E: IptablesExecutor> Backend for IpvsBackend<K, E> {
             stats,
             duration: started.elapsed(),
             conflicts: plan.conflicts.clone(),
-            no_local_endpoints: plan.no_local_endpoints,
+            no_local_endpoints: plan.no_local_endpoints.clone(),
             services: snapshot.service_count(),
             endpoints: snapshot.endpoint_count(),
         };

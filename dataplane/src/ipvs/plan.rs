@@ -14,7 +14,7 @@ use crate::model::{
     Endpoint, IpFamily, NodePortAddresses, Protocol, ServicePort, ServicePortName, SessionAffinity,
     Snapshot, TrafficPolicy,
 };
-use crate::nft::layout::NoLocalEndpoints;
+use crate::nft::layout::{NoLocalByFamily, NoLocalEndpoints};
 use crate::selection;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -39,7 +39,7 @@ pub struct Plan {
     pub sets: Sets,
     /// Front ends left out because another service port holds them.
     pub conflicts: Vec<String>,
-    pub no_local_endpoints: NoLocalEndpoints,
+    pub no_local_endpoints: NoLocalByFamily,
     /// How many service ports want each bound address (several ports share a cluster IP).
     bound_refs: BTreeMap<IpAddr, u32>,
     /// What each service port was given, so that [`Plan::update`] can take it back.
@@ -208,8 +208,7 @@ impl Plan {
         for (set, family, m) in &held.members {
             self.sets.insert(*set, *family, m.clone());
         }
-        self.no_local_endpoints.internal += held.no_local.internal;
-        self.no_local_endpoints.external += held.no_local.external;
+        self.no_local_endpoints.add(key.1, held.no_local);
         self.held.insert(key.clone(), held);
     }
 
@@ -230,8 +229,7 @@ impl Plan {
             before.member(self, m);
             self.sets.remove(m.0, m.1, &m.2);
         }
-        self.no_local_endpoints.internal -= held.no_local.internal;
-        self.no_local_endpoints.external -= held.no_local.external;
+        self.no_local_endpoints.sub(key.1, held.no_local);
     }
 
     fn bind(&mut self, ip: IpAddr) {
@@ -749,7 +747,7 @@ mod tests {
         let nodes = [ip("192.168.0.2")];
         let mut p = plan(&s, &nodes, "rr");
         assert!(p.conflicts.is_empty(), "{:?}", p.conflicts);
-        assert_eq!(p.no_local_endpoints, NoLocalEndpoints::default());
+        assert_eq!(p.no_local_endpoints.total(), NoLocalEndpoints::default());
         // The local endpoint goes: the Local front ends are stranded, the ClusterIP is not.
         let name = k.0.clone();
         s.endpoints
@@ -760,7 +758,10 @@ mod tests {
         assert!(p.update(&s, &changed, &nodes, "rr").is_some());
         assert_eq!(p, plan(&s, &nodes, "rr"));
         assert_eq!(
-            (p.no_local_endpoints.internal, p.no_local_endpoints.external),
+            (
+                p.no_local_endpoints.total().internal,
+                p.no_local_endpoints.total().external
+            ),
             (0, 1)
         );
     }

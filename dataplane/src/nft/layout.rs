@@ -32,7 +32,7 @@ use crate::model::{
     SessionAffinity, Snapshot, TrafficPolicy,
 };
 use crate::selection;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 
 /// Verdict for a front end whose service has no endpoints at all.
@@ -48,13 +48,58 @@ pub struct NoLocalEndpoints {
     pub external: usize,
 }
 
+impl NoLocalEndpoints {
+    fn add(&mut self, o: NoLocalEndpoints) {
+        self.internal += o.internal;
+        self.external += o.external;
+    }
+}
+
+/// [`NoLocalEndpoints`] per IP family: kube-proxy runs one proxier per family and labels
+/// the counts with `ip_family`, so the report keeps them apart.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NoLocalByFamily(BTreeMap<IpFamily, NoLocalEndpoints>);
+
+impl NoLocalByFamily {
+    pub fn add(&mut self, family: IpFamily, n: NoLocalEndpoints) {
+        self.0.entry(family).or_default().add(n);
+    }
+
+    /// Takes back what [`NoLocalByFamily::add`] gave (saturating: never below zero).
+    pub fn sub(&mut self, family: IpFamily, n: NoLocalEndpoints) {
+        let e = self.0.entry(family).or_default();
+        e.internal = e.internal.saturating_sub(n.internal);
+        e.external = e.external.saturating_sub(n.external);
+    }
+
+    pub fn merge(&mut self, o: &NoLocalByFamily) {
+        for (f, n) in &o.0 {
+            self.add(*f, *n);
+        }
+    }
+
+    /// The counts of one family (zero when it has none).
+    pub fn of(&self, family: IpFamily) -> NoLocalEndpoints {
+        self.0.get(&family).copied().unwrap_or_default()
+    }
+
+    /// Both families together.
+    pub fn total(&self) -> NoLocalEndpoints {
+        let mut t = NoLocalEndpoints::default();
+        for n in self.0.values() {
+            t.add(*n);
+        }
+        t
+    }
+}
+
 /// What the layout had to leave out, for logs and metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LayoutReport {
     /// One line per skipped front end, naming the service that lost it.
     pub conflicts: Vec<String>,
     /// Service ports with endpoints but none usable under their Local policy.
-    pub no_local_endpoints: NoLocalEndpoints,
+    pub no_local_endpoints: NoLocalByFamily,
 }
 
 /// Slot assignment that keeps endpoints where they were.
@@ -579,9 +624,8 @@ pub fn report_of(index: &Index, conflicts: Vec<String>) -> LayoutReport {
         conflicts,
         ..Default::default()
     };
-    for f in index.families.values() {
-        report.no_local_endpoints.internal += f.no_local.internal;
-        report.no_local_endpoints.external += f.no_local.external;
+    for (family, f) in &index.families {
+        report.no_local_endpoints.add(*family, f.no_local);
     }
     report
 }

@@ -183,9 +183,9 @@ fn every_trigger_time_is_kept_and_endpoints_without_change_do_not_count() {
         t,
     );
     let changes = st.take_changes();
-    let want: Vec<SystemTime> = ["2026-12-02T10:00:00Z", "2026-12-02T10:00:03.5Z"]
+    let want: Vec<(IpFamily, SystemTime)> = ["2026-12-02T10:00:00Z", "2026-12-02T10:00:03.5Z"]
         .iter()
-        .map(|s| parse_rfc3339(s).unwrap())
+        .map(|s| (IpFamily::V4, parse_rfc3339(s).unwrap()))
         .collect();
     assert_eq!(changes.endpoints[0].1.trigger_times, want);
     let rec = st.apply(
