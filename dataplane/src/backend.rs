@@ -3,8 +3,7 @@
 use crate::iptables::exec::IptablesError;
 use crate::model::IpFamily;
 use crate::nft::exec::NftError;
-use crate::nft::transaction::TxStats;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 /// Errors of a backend sync.
@@ -57,6 +56,91 @@ impl BackendError {
     }
 }
 
+/// Counts of what a sync wrote to the kernel, for the one-line summary and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxStats {
+    pub tables_deleted: usize,
+    pub chains_written: usize,
+    pub chains_deleted: usize,
+    pub rules_written: usize,
+    pub elements_added: usize,
+    pub elements_deleted: usize,
+}
+
+impl TxStats {
+    /// Kernel objects touched.
+    pub fn operations(&self) -> usize {
+        self.tables_deleted
+            + self.chains_written
+            + self.chains_deleted
+            + self.rules_written
+            + self.elements_added
+            + self.elements_deleted
+    }
+}
+
+/// Service ports with endpoints but none local, per policy (kube-proxy's `traffic_policy`
+/// label).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NoLocalEndpoints {
+    pub internal: usize,
+    pub external: usize,
+}
+
+impl NoLocalEndpoints {
+    fn add(&mut self, o: NoLocalEndpoints) {
+        self.internal += o.internal;
+        self.external += o.external;
+    }
+}
+
+/// [`NoLocalEndpoints`] per IP family: kube-proxy runs one proxier per family and labels
+/// the counts with `ip_family`, so the report keeps them apart.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NoLocalByFamily(BTreeMap<IpFamily, NoLocalEndpoints>);
+
+impl NoLocalByFamily {
+    pub fn add(&mut self, family: IpFamily, n: NoLocalEndpoints) {
+        self.0.entry(family).or_default().add(n);
+    }
+
+    /// Takes back what [`NoLocalByFamily::add`] gave (saturating: never below zero).
+    pub fn sub(&mut self, family: IpFamily, n: NoLocalEndpoints) {
+        let e = self.0.entry(family).or_default();
+        e.internal = e.internal.saturating_sub(n.internal);
+        e.external = e.external.saturating_sub(n.external);
+    }
+
+    pub fn merge(&mut self, o: &NoLocalByFamily) {
+        for (f, n) in &o.0 {
+            self.add(*f, *n);
+        }
+    }
+
+    /// The counts of one family (zero when it has none).
+    pub fn of(&self, family: IpFamily) -> NoLocalEndpoints {
+        self.0.get(&family).copied().unwrap_or_default()
+    }
+
+    /// Both families together.
+    pub fn total(&self) -> NoLocalEndpoints {
+        let mut t = NoLocalEndpoints::default();
+        for n in self.0.values() {
+            t.add(*n);
+        }
+        t
+    }
+}
+
+/// What the layout had to leave out, for logs and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LayoutReport {
+    /// One line per skipped front end, naming the service that lost it.
+    pub conflicts: Vec<String>,
+    /// Service ports with endpoints but none usable under their Local policy.
+    pub no_local_endpoints: NoLocalByFamily,
+}
+
 /// What one sync did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyncReport {
@@ -68,7 +152,7 @@ pub struct SyncReport {
     pub duration: Duration,
     /// Front ends left out because another service holds them.
     pub conflicts: Vec<String>,
-    pub no_local_endpoints: crate::nft::layout::NoLocalByFamily,
+    pub no_local_endpoints: NoLocalByFamily,
     pub services: usize,
     pub endpoints: usize,
 }

@@ -324,3 +324,29 @@ impl Snapshot {
         self.endpoints.values().map(Vec::len).sum()
     }
 }
+
+/// CIDRs of one family with duplicates and nested ranges removed (nft rejects overlaps, and
+/// one iptables rule matches one range).
+pub fn disjoint_cidrs(nets: &[IpNetwork], family: IpFamily) -> Vec<IpNetwork> {
+    let mut of_family: Vec<IpNetwork> = nets
+        .iter()
+        .filter(|n| IpFamily::of_net(n) == family)
+        .map(|n| match IpNetwork::new(n.network(), n.prefix()) {
+            Ok(canon) => canon,
+            Err(_) => *n,
+        })
+        .collect();
+    of_family.sort_by_key(|n| n.prefix());
+    let mut kept: Vec<IpNetwork> = Vec::new();
+    for n in of_family {
+        if !kept.iter().any(|k| k.contains(n.network())) {
+            kept.push(n);
+        }
+    }
+    kept.sort_by(|a, b| {
+        a.network()
+            .cmp(&b.network())
+            .then(a.prefix().cmp(&b.prefix()))
+    });
+    kept
+}

@@ -4,11 +4,11 @@
 //! conformance cases check that its verdicts agree with what real packets do.
 
 use crate::iptables::render::localhost_node_ports;
+use crate::model::disjoint_cidrs;
 use crate::model::{
     Endpoint, IpFamily, LocalDetector, NodeConfig, NodePortAddresses, Protocol, ServicePort,
     SessionAffinity, Snapshot, TrafficPolicy,
 };
-use crate::nft::layout::disjoint_cidrs;
 use crate::selection;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};

@@ -7,9 +7,8 @@ pub mod names;
 pub mod render;
 pub mod restore;
 
-use crate::backend::{Backend, BackendError, Scope, ServiceKey, SyncReport};
+use crate::backend::{Backend, BackendError, Scope, ServiceKey, SyncReport, TxStats};
 use crate::model::{IpFamily, Snapshot};
-use crate::nft::transaction::TxStats;
 use exec::{IptablesError, IptablesExecutor};
 use render::{FamilyLayout, Rendered};
 use restore::{Base, Input, RestoreStats, Style};

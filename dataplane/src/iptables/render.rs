@@ -15,11 +15,12 @@
 //! ```
 
 use super::names::{self, *};
+use crate::backend::{LayoutReport, NoLocalEndpoints};
+use crate::model::disjoint_cidrs;
 use crate::model::{
     Endpoint, IpFamily, LocalDetector, NodeConfig, NodePortAddresses, Protocol, ServicePort,
     ServicePortName, SessionAffinity, Snapshot, TrafficPolicy,
 };
-use crate::nft::layout::{disjoint_cidrs, LayoutReport, NoLocalEndpoints};
 use crate::selection;
 use ipnetwork::IpNetwork;
 use std::collections::{BTreeMap, BTreeSet};

@@ -12,12 +12,11 @@ pub mod plan;
 pub mod rules;
 pub mod sets;
 
-use crate::backend::{Backend, BackendError, Scope, SyncReport};
+use crate::backend::{Backend, BackendError, Scope, SyncReport, TxStats};
 use crate::iptables::exec::{IptablesError, IptablesExecutor};
 use crate::iptables::render::FamilyLayout;
 use crate::iptables::restore::{self, Base};
 use crate::model::{IpFamily, Snapshot};
-use crate::nft::transaction::TxStats;
 use diff::{have_of, Draining, Have};
 use genl::{Op, ServiceId};
 use kernel::{IpvsError, IpvsKernel, LinkAddresses};

@@ -10,11 +10,11 @@
 
 use super::genl::{ServiceId, ServiceSpec, SVC_F_PERSISTENT};
 use super::sets::{Member, SetName, Sets};
+use crate::backend::{NoLocalByFamily, NoLocalEndpoints};
 use crate::model::{
     Endpoint, IpFamily, NodePortAddresses, Protocol, ServicePort, ServicePortName, SessionAffinity,
     Snapshot, TrafficPolicy,
 };
-use crate::nft::layout::{NoLocalByFamily, NoLocalEndpoints};
 use crate::selection;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

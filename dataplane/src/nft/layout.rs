@@ -19,88 +19,27 @@
 
 use super::ownership::{self, FamilyIndex, Index, Record, Touched};
 pub use super::skeleton::{
-    cidr_text, disjoint_cidrs, MAP_AFFINITY, MAP_AFFINITY_FRONTENDS, MAP_BACKENDS,
-    MAP_NODEPORT_BACKENDS, MAP_NODEPORT_SHORTCUT_BACKENDS, MAP_NO_ENDPOINT_NODEPORTS,
-    MAP_NO_ENDPOINT_SERVICES, MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS, MAP_SHORTCUT_BACKENDS,
-    MAP_SHORTCUT_IPS, MAP_SHORTCUT_NODEPORTS, SET_CLUSTER_IPS, SET_FIREWALL_ALLOW,
-    SET_FIREWALL_IPS, SET_HAIRPIN, SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS,
+    cidr_text, MAP_AFFINITY, MAP_AFFINITY_FRONTENDS, MAP_BACKENDS, MAP_NODEPORT_BACKENDS,
+    MAP_NODEPORT_SHORTCUT_BACKENDS, MAP_NO_ENDPOINT_NODEPORTS, MAP_NO_ENDPOINT_SERVICES,
+    MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS, MAP_SHORTCUT_BACKENDS, MAP_SHORTCUT_IPS,
+    MAP_SHORTCUT_NODEPORTS, SET_CLUSTER_IPS, SET_FIREWALL_ALLOW, SET_FIREWALL_IPS, SET_HAIRPIN,
+    SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS,
 };
 use super::skeleton::{lb_chain, skeleton, LbKind};
 use super::state::{Ruleset, Set, Table};
+use crate::backend::LayoutReport;
 use crate::model::{
-    Endpoint, IpFamily, NodeConfig, NodePortAddresses, ServicePort, ServicePortName,
-    SessionAffinity, Snapshot, TrafficPolicy,
+    disjoint_cidrs, Endpoint, IpFamily, NodeConfig, NodePortAddresses, ServicePort,
+    ServicePortName, SessionAffinity, Snapshot, TrafficPolicy,
 };
 use crate::selection;
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::net::IpAddr;
 
 /// Verdict for a front end whose service has no endpoints at all.
 const REJECT: &str = "goto reject-chain";
 /// Verdict for a front end whose policy leaves no endpoint (e.g. Local with none here).
 const DROP: &str = "drop";
-
-/// Service ports with endpoints but none local, per policy (kube-proxy's `traffic_policy`
-/// label).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NoLocalEndpoints {
-    pub internal: usize,
-    pub external: usize,
-}
-
-impl NoLocalEndpoints {
-    fn add(&mut self, o: NoLocalEndpoints) {
-        self.internal += o.internal;
-        self.external += o.external;
-    }
-}
-
-/// [`NoLocalEndpoints`] per IP family: kube-proxy runs one proxier per family and labels
-/// the counts with `ip_family`, so the report keeps them apart.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NoLocalByFamily(BTreeMap<IpFamily, NoLocalEndpoints>);
-
-impl NoLocalByFamily {
-    pub fn add(&mut self, family: IpFamily, n: NoLocalEndpoints) {
-        self.0.entry(family).or_default().add(n);
-    }
-
-    /// Takes back what [`NoLocalByFamily::add`] gave (saturating: never below zero).
-    pub fn sub(&mut self, family: IpFamily, n: NoLocalEndpoints) {
-        let e = self.0.entry(family).or_default();
-        e.internal = e.internal.saturating_sub(n.internal);
-        e.external = e.external.saturating_sub(n.external);
-    }
-
-    pub fn merge(&mut self, o: &NoLocalByFamily) {
-        for (f, n) in &o.0 {
-            self.add(*f, *n);
-        }
-    }
-
-    /// The counts of one family (zero when it has none).
-    pub fn of(&self, family: IpFamily) -> NoLocalEndpoints {
-        self.0.get(&family).copied().unwrap_or_default()
-    }
-
-    /// Both families together.
-    pub fn total(&self) -> NoLocalEndpoints {
-        let mut t = NoLocalEndpoints::default();
-        for n in self.0.values() {
-            t.add(*n);
-        }
-        t
-    }
-}
-
-/// What the layout had to leave out, for logs and metrics.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LayoutReport {
-    /// One line per skipped front end, naming the service that lost it.
-    pub conflicts: Vec<String>,
-    /// Service ports with endpoints but none usable under their Local policy.
-    pub no_local_endpoints: NoLocalByFamily,
-}
 
 /// Slot assignment that keeps endpoints where they were.
 ///

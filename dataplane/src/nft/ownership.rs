@@ -2,9 +2,9 @@
 //! contributed, with reference counts for what several service ports share, so that one
 //! service can be taken out of a table and laid out again without touching the rest.
 
-use super::layout::NoLocalEndpoints;
 use super::skeleton::{LbKind, SET_CLUSTER_IPS, SET_HAIRPIN};
 use super::state::Chain;
+use crate::backend::NoLocalEndpoints;
 use crate::model::{IpFamily, ServicePortName};
 use std::collections::BTreeMap;
 

@@ -2,7 +2,7 @@
 //! that do not depend on any service, and the load-balancing chain for each endpoint count.
 
 use super::state::{Chain, Set, Table};
-use crate::model::{IpFamily, LocalDetector, NodeConfig, NodePortAddresses};
+use crate::model::{disjoint_cidrs, IpFamily, LocalDetector, NodeConfig, NodePortAddresses};
 use ipnetwork::IpNetwork;
 use std::collections::BTreeMap;
 
@@ -78,31 +78,6 @@ pub fn cidr_text(net: &IpNetwork) -> String {
     } else {
         format!("{}/{}", net.network(), net.prefix())
     }
-}
-
-/// CIDRs of one family with duplicates and nested ranges removed (nft rejects overlaps).
-pub fn disjoint_cidrs(nets: &[IpNetwork], family: IpFamily) -> Vec<IpNetwork> {
-    let mut of_family: Vec<IpNetwork> = nets
-        .iter()
-        .filter(|n| IpFamily::of_net(n) == family)
-        .map(|n| match IpNetwork::new(n.network(), n.prefix()) {
-            Ok(canon) => canon,
-            Err(_) => *n,
-        })
-        .collect();
-    of_family.sort_by_key(|n| n.prefix());
-    let mut kept: Vec<IpNetwork> = Vec::new();
-    for n in of_family {
-        if !kept.iter().any(|k| k.contains(n.network())) {
-            kept.push(n);
-        }
-    }
-    kept.sort_by(|a, b| {
-        a.network()
-            .cmp(&b.network())
-            .then(a.prefix().cmp(&b.prefix()))
-    });
-    kept
 }
 
 fn set(map: bool, decl: String) -> Set {

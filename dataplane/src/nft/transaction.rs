@@ -7,6 +7,7 @@
 use super::ownership::Touched;
 use super::skeleton::BACKEND_MAPS;
 use super::state::{family_name, Chain, Ruleset, Set, Table, TABLE};
+use crate::backend::TxStats;
 use crate::model::IpFamily;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -67,29 +68,6 @@ impl Op {
             | Op::AddElements { family, .. }
             | Op::DeleteElements { family, .. } => *family,
         }
-    }
-}
-
-/// Counts of what a transaction does, for the one-line summary and metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TxStats {
-    pub tables_deleted: usize,
-    pub chains_written: usize,
-    pub chains_deleted: usize,
-    pub rules_written: usize,
-    pub elements_added: usize,
-    pub elements_deleted: usize,
-}
-
-impl TxStats {
-    /// Kernel objects touched.
-    pub fn operations(&self) -> usize {
-        self.tables_deleted
-            + self.chains_written
-            + self.chains_deleted
-            + self.rules_written
-            + self.elements_added
-            + self.elements_deleted
     }
 }
 
