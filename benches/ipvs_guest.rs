@@ -17,11 +17,8 @@
 
 #[path = "../tests/guest/mod.rs"]
 mod guest;
-#[path = "../src/ipvs_link.rs"]
-mod ipvs_link;
-#[allow(dead_code)]
-#[path = "../src/rtnl.rs"]
-mod rtnl;
+// The production kube-ipvs0 link, from the switchyard library.
+use switchyard::ipvs_link;
 
 mod common;
 use common::{ms, pct};

@@ -145,47 +145,14 @@ fn render(inputs: &Inputs) -> Result<(), CommandError> {
     Ok(())
 }
 
-/// IPVS mode's settings from the configuration.
-pub fn ipvs_options(cfg: &ProxyConfig) -> IpvsOptions {
-    let secs = |d: std::time::Duration| d.as_secs().min(u64::from(u32::MAX)) as u32;
-    IpvsOptions {
-        scheduler: cfg.ipvs.scheduler.clone(),
-        strict_arp: cfg.ipvs.strict_arp,
-        exclude_cidrs: cfg.ipvs.exclude_cidrs.clone(),
-        timeouts: (
-            secs(cfg.ipvs.tcp_timeout),
-            secs(cfg.ipvs.tcp_fin_timeout),
-            secs(cfg.ipvs.udp_timeout),
-        ),
-    }
-}
-
-/// The IPVS backend on this kernel; fails when the kernel has no IPVS.
-pub fn ipvs_backend(
-    cfg: &ProxyConfig,
-) -> Result<IpvsBackend<RealIpvs, IptablesCommand>, BackendError> {
-    let kernel = RealIpvs::open(Box::new(crate::ipvs_link::Rtnetlink))?;
-    Ok(IpvsBackend::new(
-        kernel,
-        IptablesCommand::for_variant(cfg.iptables_backend),
-        ipvs_options(cfg),
-    ))
-}
-
 fn sync(args: &SyncArgs) -> Result<(), CommandError> {
     if !args.once {
         return Err(CommandError::NeedOnce);
     }
     let (cfg, snap) = load(&args.inputs)?;
-    let mut backend: Box<dyn Backend> = match cfg.mode {
-        ProxyMode::Iptables => Box::new(IptablesBackend::new(IptablesCommand::for_variant(
-            cfg.iptables_backend,
-        ))),
-        ProxyMode::Ipvs => Box::new(ipvs_backend(&cfg)?),
-        ProxyMode::Nftables => Box::new(NftBackend::new(NftCommand::default())),
-    };
+    let mut backend = crate::backends::for_mode(&cfg)?;
     let scope = if args.full { Scope::Full } else { Scope::All };
-    let report = backend.sync(&snap, scope)?;
+    let report = backend.backend().sync(&snap, scope)?;
     for c in &report.conflicts {
         tracing::warn!("{c}");
     }

@@ -1,26 +1,10 @@
-//! `switchyard`: a thin entry point that dispatches into the agent's modules. Started as
+//! `switchyard`: a thin entry point that dispatches into the library's commands. Started as
 //! `kube-proxy`, or with a flag first, it takes kube-proxy's command line instead.
 #![forbid(unsafe_code)]
 
-mod agent;
-mod cli;
-mod commands;
-mod config;
-mod convert;
-mod feature_gates;
-mod ipvs_link;
-mod kube_proxy_cli;
-mod leftovers;
-mod logging;
-mod manifests;
-mod node_setup;
-mod nodeaddr;
-mod rtnl;
-mod snapshot;
-mod status;
-
 use clap::Parser;
 use std::process::ExitCode;
+use switchyard::{cli, commands, kube_proxy_cli, logging};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();

@@ -8,12 +8,8 @@
 
 mod guest;
 mod rig;
-// The production kube-ipvs0 link (it lives in the binary crate).
-#[path = "../src/ipvs_link.rs"]
-mod ipvs_link;
-#[allow(dead_code)]
-#[path = "../src/rtnl.rs"]
-mod rtnl;
+// The production kube-ipvs0 link, from the switchyard library.
+use switchyard::ipvs_link;
 
 use dataplane::backend::{Backend, Scope};
 use dataplane::iptables::exec::IptablesCommand;

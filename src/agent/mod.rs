@@ -7,32 +7,30 @@ pub mod fds;
 pub mod file_source;
 pub mod health;
 pub mod http;
+mod kernel_checks;
 pub mod kube_source;
 pub mod metrics;
 pub mod schedule;
+mod servers;
 pub mod service_health;
 pub mod store;
 
+use crate::backends::ModeBackend;
 use crate::config::{ProxyConfig, ProxyMode};
 use crate::manifests::ManifestError;
 use crate::nodeaddr::Interfaces;
-use dataplane::backend::{Backend, BackendError, Scope, SyncReport};
+use dataplane::backend::{BackendError, Scope, SyncReport};
 use dataplane::conntrack::{self, Ctnetlink, UdpFrontends};
-use dataplane::iptables::exec::IptablesCommand;
 use dataplane::iptables::render::TableName;
-use dataplane::iptables::IptablesBackend;
-use dataplane::ipvs::kernel::RealIpvs;
-use dataplane::ipvs::IpvsBackend;
 use dataplane::model::IpFamily;
-use dataplane::nft::exec::{read_kernel, NftCommand, NftError};
+use dataplane::nft::exec::NftError;
 use dataplane::nft::state::Ruleset;
-use dataplane::nft::verify;
-use dataplane::nft::NftBackend;
 use health::Health;
+use kernel_checks::watch_commits;
 use metrics::{family_label, Metrics};
 use schedule::Schedule;
+use servers::{health_router, metrics_router, serve};
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -112,57 +110,6 @@ fn open_files_limit() -> u64 {
     }
 }
 
-async fn bind(field: &'static str, addr: &str) -> Result<tokio::net::TcpListener, AgentError> {
-    let err = |message: String| AgentError::Bind {
-        field,
-        addr: addr.to_string(),
-        message,
-    };
-    let sa: SocketAddr = addr
-        .parse()
-        .map_err(|e| err(format!("not an address:port: {e}")))?;
-    tokio::net::TcpListener::bind(sa)
-        .await
-        .map_err(|e| err(format!("cannot listen: {e}")))
-}
-
-/// Start one HTTP server. A port that cannot be bound stops the agent with
-/// bindAddressHardFail; otherwise, as kube-proxy does, it is logged and tried again every
-/// 5 s while the proxy runs.
-async fn serve(
-    field: &'static str,
-    addr: &str,
-    hard_fail: bool,
-    router: http::Router,
-    limits: http::Limits,
-) -> Result<(), AgentError> {
-    if addr.is_empty() {
-        return Ok(());
-    }
-    match bind(field, addr).await {
-        Ok(listener) => {
-            tokio::spawn(http::serve(listener, router, limits));
-            Ok(())
-        }
-        Err(e) if hard_fail => Err(e),
-        Err(e) => {
-            tracing::error!("{e}; trying again every 5s (bindAddressHardFail is off)");
-            let addr = addr.to_string();
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_secs(5)).await;
-                    if let Ok(listener) = bind(field, &addr).await {
-                        tracing::info!("{field} {addr}: listening");
-                        http::serve(listener, router, limits).await;
-                        return;
-                    }
-                }
-            });
-            Ok(())
-        }
-    }
-}
-
 async fn run_async(
     cfg: ProxyConfig,
     node_name: String,
@@ -233,15 +180,7 @@ async fn run_async(
     let (checked_tx, mut checked_rx) = mpsc::channel::<KernelRead>(1);
     let mut commits_rx = watch_commits(cfg.mode);
     tracing::info!("{} mode", cfg.mode.as_str());
-    let backend = match cfg.mode {
-        ProxyMode::Iptables => Dataplane::Iptables(IptablesBackend::new(
-            IptablesCommand::for_variant(cfg.iptables_backend),
-        )),
-        ProxyMode::Ipvs => Dataplane::Ipvs(Box::new(
-            crate::commands::ipvs_backend(&cfg).map_err(AgentError::Backend)?,
-        )),
-        ProxyMode::Nftables => Dataplane::Nft(NftBackend::new(NftCommand::default())),
-    };
+    let backend = crate::backends::for_mode(&cfg).map_err(AgentError::Backend)?;
     let mut agent = Agent {
         store: Store::new(cfg.clone(), node_name, Box::new(Interfaces)),
         backend,
@@ -297,46 +236,6 @@ async fn run_async(
     }
 }
 
-/// nftables mode: a thread blocked on the kernel's commit notifications, one message per
-/// burst of commits (a full channel already says "look"). Other modes: a channel that never
-/// speaks.
-fn watch_commits(mode: ProxyMode) -> mpsc::Receiver<()> {
-    let (tx, rx) = mpsc::channel::<()>(1);
-    if mode != ProxyMode::Nftables {
-        // A closed channel: its branch of the agent's loop never fires.
-        return rx;
-    }
-    let spawned = std::thread::Builder::new()
-        .name("nft-commits".into())
-        .spawn(move || {
-            let mut commits = match dataplane::nft::commits::Commits::subscribe() {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(
-                        "cannot listen to nf_tables commit notifications ({e}); changes by others are found by the periodic check only"
-                    );
-                    return;
-                }
-            };
-            loop {
-                match commits.wait() {
-                    Ok(_) => match tx.try_send(()) {
-                        Ok(()) | Err(mpsc::error::TrySendError::Full(())) => {}
-                        Err(mpsc::error::TrySendError::Closed(())) => return,
-                    },
-                    Err(e) => {
-                        tracing::warn!("nf_tables commit notifications: {e}");
-                        std::thread::sleep(Duration::from_secs(1));
-                    }
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!("cannot start the commit listener: {e}");
-    }
-    rx
-}
-
 /// Sleeps until `at`; forever when there is no `at`.
 async fn sleep_until(at: Option<Instant>) {
     match at {
@@ -345,85 +244,14 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// The metrics address, as kube-proxy's serves it: `/metrics`, `/healthz` (a ping: the
-/// process answers), `/livez`, `/proxyMode` and `/configz`.
-fn metrics_router(
-    metrics: Metrics,
-    health: Arc<Mutex<Health>>,
-    mode: ProxyMode,
-    configz: String,
-) -> http::Router {
-    Arc::new(move |path| match path {
-        "/metrics" => Some(http::Reply {
-            status: 200,
-            content_type: "text/plain; version=0.0.4; charset=utf-8",
-            body: metrics.render(),
-            headers: Vec::new(),
-        }),
-        "/healthz" | "/healthz/ping" => Some(http::Reply::text(200, "ok".into())),
-        "/livez" => {
-            let reply = health
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .livez(SystemTime::now());
-            Some(http::Reply::json(reply.status, reply.body))
-        }
-        "/proxyMode" => Some(http::Reply::text(200, mode.as_str().into())),
-        "/configz" => Some(http::Reply::json(200, configz.clone())),
-        _ => None,
-    })
-}
-
-fn health_router(health: Arc<Mutex<Health>>, metrics: Metrics) -> http::Router {
-    Arc::new(move |path| {
-        let now = SystemTime::now();
-        let (reply, counter) = {
-            let h = health.lock().unwrap_or_else(|p| p.into_inner());
-            match path {
-                "/healthz" => (h.healthz(now), &metrics.healthz),
-                "/livez" => (h.livez(now), &metrics.livez),
-                _ => return None,
-            }
-        };
-        counter
-            .with_label_values(&[&reply.status.to_string()])
-            .inc();
-        Some(http::Reply::json(reply.status, reply.body))
-    })
-}
-
 /// How often, at most, iptables mode looks for its canary chains between full syncs
 /// (kube-proxy looks every syncPeriod).
 const CANARY_INTERVAL: Duration = Duration::from_secs(5);
 
-/// The kernel interface the agent programs.
-enum Dataplane {
-    Nft(NftBackend<NftCommand>),
-    Iptables(IptablesBackend<IptablesCommand>),
-    Ipvs(Box<IpvsBackend<RealIpvs, IptablesCommand>>),
-}
-
-impl Dataplane {
-    fn backend(&mut self) -> &mut dyn Backend {
-        match self {
-            Dataplane::Nft(b) => b,
-            Dataplane::Iptables(b) => b,
-            Dataplane::Ipvs(b) => b.as_mut(),
-        }
-    }
-
-    fn nft(&mut self) -> Option<&mut NftBackend<NftCommand>> {
-        match self {
-            Dataplane::Nft(b) => Some(b),
-            Dataplane::Iptables(_) | Dataplane::Ipvs(_) => None,
-        }
-    }
-}
-
 /// The agent's state between events.
 struct Agent {
     store: Store,
-    backend: Dataplane,
+    backend: ModeBackend,
     /// iptables mode: when to look for the canary chains next (after the first sync).
     next_canary: Option<Instant>,
     canary_interval: Duration,
@@ -595,7 +423,7 @@ impl Agent {
                 }
             });
         }
-        if let Dataplane::Iptables(ipt) = &self.backend {
+        if let ModeBackend::Iptables(ipt) = &self.backend {
             // kube-proxy has no mangle chains: that table shows only when we hold rules there.
             let shown = |(family, table): &(IpFamily, TableName), n: usize| {
                 (n > 0 || *table != TableName::Mangle)
@@ -747,126 +575,16 @@ impl Agent {
         self.udp_frontends = now;
     }
 
-    /// The background read of the periodic check is back: compare, and repair in full if
-    /// the kernel no longer holds what we programmed.
-    fn checked(&mut self, (read, started): KernelRead) {
-        self.checking = false;
-        let (kernel, generation) = match read {
-            Ok(k) => k,
-            Err(e) => {
-                tracing::warn!(
-                    "cannot read the kernel back for the periodic check: {e}; syncing in full"
-                );
-                self.schedule.require_full();
-                return;
-            }
-        };
-        self.metrics
-            .kernel_checks_by
-            .with_label_values(&["read"])
-            .inc();
-        let consistent = generation.is_some();
-        let Some(nft) = self.backend.nft() else {
-            return;
-        };
-        let differences = nft.finish_verify(&kernel, generation);
-        // Freeing 100k elements takes tens of milliseconds; not on the event loop.
-        tokio::task::spawn_blocking(move || drop(kernel));
-        self.metrics
-            .kernel_checks
-            .observe(started.elapsed().as_secs_f64());
-        let Some(d) = differences else {
-            return;
-        };
-        if d.is_empty() {
-            self.suspect.clear();
-            tracing::debug!("periodic check: the kernel holds what was programmed");
-            return;
-        }
-        // A read that overlapped our commits can miss elements that never moved; what two
-        // reads in a row both find missing really is.
-        let confirming = !self.suspect.is_empty();
-        let confirmed = consistent || d.iter().any(|x| self.suspect.contains(x));
-        if confirmed {
-            self.suspect.clear();
-            tracing::warn!(
-                "the kernel no longer holds what was programmed ({}); repairing with a full sync",
-                verify::summary(&d)
-            );
-            self.schedule.require_full();
-        } else if confirming {
-            // Once only: under steady churn every read overlaps commits.
-            self.suspect.clear();
-            tracing::debug!("periodic check: the differences were not confirmed by a second read");
-        } else {
-            tracing::debug!(
-                "periodic check overlapped syncs and found {} differences; reading again to confirm",
-                d.len()
-            );
-            self.suspect = d.into_iter().collect();
-            self.start_check(Instant::now());
-        }
-    }
-
-    /// Someone committed to nf_tables, maybe us. When the kernel's generation is not the
-    /// one our own commits account for, somebody else changed something: read our tables
-    /// back now and repair, rather than at the next periodic check (up to syncPeriod later).
-    fn commit_seen(&mut self) {
-        if self.checking {
-            return;
-        }
-        let Some(b) = self.backend.nft() else { return };
-        if tokio::task::block_in_place(|| b.kernel_unchanged()) {
-            return;
-        }
-        self.metrics
-            .kernel_checks_by
-            .with_label_values(&["notification"])
-            .inc();
-        tracing::debug!("another commit to nf_tables: checking our tables");
-        self.start_check(Instant::now());
-    }
-
-    /// Read the kernel back in the background; [`Self::checked`] gets the result.
-    fn start_check(&mut self, now: Instant) {
-        if !self.backend.nft().is_some_and(|b| b.begin_verify()) {
-            return;
-        }
-        self.checking = true;
-        let tx = self.checked_tx.clone();
-        tokio::task::spawn_blocking(move || {
-            let _ = tx.blocking_send((read_kernel(), now));
-        });
-    }
-
-    /// iptables mode: if a canary chain is gone, someone flushed our chains; a full sync
-    /// puts them back.
-    fn probe_canary(&mut self) {
-        let now = Instant::now();
-        self.next_canary = Some(now + self.canary_interval);
-        let Dataplane::Iptables(ipt) = &mut self.backend else {
-            return;
-        };
-        match tokio::task::block_in_place(|| ipt.canary_missing()) {
-            Ok(false) => {}
-            Ok(true) => {
-                tracing::warn!("a canary chain is gone: our iptables chains were flushed; repairing with a full sync");
-                self.schedule.require_full();
-            }
-            Err(e) => tracing::warn!("cannot look for the canary chains: {e}"),
-        }
-    }
-
     fn failed(&mut self, e: &BackendError, done: Instant, full: bool) {
         for f in self.metrics.families(e.family()) {
             match self.backend {
-                Dataplane::Nft(_) => self
+                ModeBackend::Nft(_) => self
                     .metrics
                     .nftables_sync_failures
                     .with_label_values(&[f])
                     .inc(),
-                Dataplane::Ipvs(_) => {}
-                Dataplane::Iptables(_) => {
+                ModeBackend::Ipvs(_) => {}
+                ModeBackend::Iptables(_) => {
                     self.metrics
                         .iptables_restore_failures
                         .with_label_values(&[f])

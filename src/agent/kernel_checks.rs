@@ -1,0 +1,163 @@
+//! How the agent finds that someone else changed its rules: nftables mode's commit
+//! notifications and periodic read-back (confirming suspected drift before repairing), and
+//! iptables mode's canary chains.
+
+use super::{Agent, KernelRead};
+use crate::backends::ModeBackend;
+use crate::config::ProxyMode;
+use dataplane::nft::exec::read_kernel;
+use dataplane::nft::verify;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// nftables mode: a thread blocked on the kernel's commit notifications, one message per
+/// burst of commits (a full channel already says "look"). Other modes: a channel that never
+/// speaks.
+pub(super) fn watch_commits(mode: ProxyMode) -> mpsc::Receiver<()> {
+    let (tx, rx) = mpsc::channel::<()>(1);
+    if mode != ProxyMode::Nftables {
+        // A closed channel: its branch of the agent's loop never fires.
+        return rx;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("nft-commits".into())
+        .spawn(move || {
+            let mut commits = match dataplane::nft::commits::Commits::subscribe() {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot listen to nf_tables commit notifications ({e}); changes by others are found by the periodic check only"
+                    );
+                    return;
+                }
+            };
+            loop {
+                match commits.wait() {
+                    Ok(_) => match tx.try_send(()) {
+                        Ok(()) | Err(mpsc::error::TrySendError::Full(())) => {}
+                        Err(mpsc::error::TrySendError::Closed(())) => return,
+                    },
+                    Err(e) => {
+                        tracing::warn!("nf_tables commit notifications: {e}");
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the commit listener: {e}");
+    }
+    rx
+}
+
+impl Agent {
+    /// The background read of the periodic check is back: compare, and repair in full if
+    /// the kernel no longer holds what we programmed.
+    pub(super) fn checked(&mut self, (read, started): KernelRead) {
+        self.checking = false;
+        let (kernel, generation) = match read {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot read the kernel back for the periodic check: {e}; syncing in full"
+                );
+                self.schedule.require_full();
+                return;
+            }
+        };
+        self.metrics
+            .kernel_checks_by
+            .with_label_values(&["read"])
+            .inc();
+        let consistent = generation.is_some();
+        let Some(nft) = self.backend.nft() else {
+            return;
+        };
+        let differences = nft.finish_verify(&kernel, generation);
+        // Freeing 100k elements takes tens of milliseconds; not on the event loop.
+        tokio::task::spawn_blocking(move || drop(kernel));
+        self.metrics
+            .kernel_checks
+            .observe(started.elapsed().as_secs_f64());
+        let Some(d) = differences else {
+            return;
+        };
+        if d.is_empty() {
+            self.suspect.clear();
+            tracing::debug!("periodic check: the kernel holds what was programmed");
+            return;
+        }
+        // A read that overlapped our commits can miss elements that never moved; what two
+        // reads in a row both find missing really is.
+        let confirming = !self.suspect.is_empty();
+        let confirmed = consistent || d.iter().any(|x| self.suspect.contains(x));
+        if confirmed {
+            self.suspect.clear();
+            tracing::warn!(
+                "the kernel no longer holds what was programmed ({}); repairing with a full sync",
+                verify::summary(&d)
+            );
+            self.schedule.require_full();
+        } else if confirming {
+            // Once only: under steady churn every read overlaps commits.
+            self.suspect.clear();
+            tracing::debug!("periodic check: the differences were not confirmed by a second read");
+        } else {
+            tracing::debug!(
+                "periodic check overlapped syncs and found {} differences; reading again to confirm",
+                d.len()
+            );
+            self.suspect = d.into_iter().collect();
+            self.start_check(Instant::now());
+        }
+    }
+
+    /// Someone committed to nf_tables, maybe us. When the kernel's generation is not the
+    /// one our own commits account for, somebody else changed something: read our tables
+    /// back now and repair, rather than at the next periodic check (up to syncPeriod later).
+    pub(super) fn commit_seen(&mut self) {
+        if self.checking {
+            return;
+        }
+        let Some(b) = self.backend.nft() else { return };
+        if tokio::task::block_in_place(|| b.kernel_unchanged()) {
+            return;
+        }
+        self.metrics
+            .kernel_checks_by
+            .with_label_values(&["notification"])
+            .inc();
+        tracing::debug!("another commit to nf_tables: checking our tables");
+        self.start_check(Instant::now());
+    }
+
+    /// Read the kernel back in the background; [`Self::checked`] gets the result.
+    pub(super) fn start_check(&mut self, now: Instant) {
+        if !self.backend.nft().is_some_and(|b| b.begin_verify()) {
+            return;
+        }
+        self.checking = true;
+        let tx = self.checked_tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = tx.blocking_send((read_kernel(), now));
+        });
+    }
+
+    /// iptables mode: if a canary chain is gone, someone flushed our chains; a full sync
+    /// puts them back.
+    pub(super) fn probe_canary(&mut self) {
+        let now = Instant::now();
+        self.next_canary = Some(now + self.canary_interval);
+        let ModeBackend::Iptables(ipt) = &mut self.backend else {
+            return;
+        };
+        match tokio::task::block_in_place(|| ipt.canary_missing()) {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::warn!("a canary chain is gone: our iptables chains were flushed; repairing with a full sync");
+                self.schedule.require_full();
+            }
+            Err(e) => tracing::warn!("cannot look for the canary chains: {e}"),
+        }
+    }
+}

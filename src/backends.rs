@@ -1,0 +1,71 @@
+//! The one place that builds the backend for a proxy mode from the configuration, for the
+//! agent and for `switchyard sync`.
+
+use crate::config::{ProxyConfig, ProxyMode};
+use dataplane::backend::{Backend, BackendError};
+use dataplane::iptables::exec::IptablesCommand;
+use dataplane::iptables::IptablesBackend;
+use dataplane::ipvs::kernel::RealIpvs;
+use dataplane::ipvs::{IpvsBackend, IpvsOptions};
+use dataplane::nft::exec::NftCommand;
+use dataplane::nft::NftBackend;
+
+/// The backend of the configured mode, on this kernel.
+pub enum ModeBackend {
+    Nft(NftBackend<NftCommand>),
+    Iptables(IptablesBackend<IptablesCommand>),
+    Ipvs(Box<IpvsBackend<RealIpvs, IptablesCommand>>),
+}
+
+impl ModeBackend {
+    pub fn backend(&mut self) -> &mut dyn Backend {
+        match self {
+            ModeBackend::Nft(b) => b,
+            ModeBackend::Iptables(b) => b,
+            ModeBackend::Ipvs(b) => b.as_mut(),
+        }
+    }
+
+    pub fn nft(&mut self) -> Option<&mut NftBackend<NftCommand>> {
+        match self {
+            ModeBackend::Nft(b) => Some(b),
+            ModeBackend::Iptables(_) | ModeBackend::Ipvs(_) => None,
+        }
+    }
+}
+
+/// The backend for `cfg.mode`; fails when the kernel lacks what the mode needs (IPVS).
+pub fn for_mode(cfg: &ProxyConfig) -> Result<ModeBackend, BackendError> {
+    Ok(match cfg.mode {
+        ProxyMode::Iptables => ModeBackend::Iptables(IptablesBackend::new(
+            IptablesCommand::for_variant(cfg.iptables_backend),
+        )),
+        ProxyMode::Ipvs => ModeBackend::Ipvs(Box::new(ipvs_backend(cfg)?)),
+        ProxyMode::Nftables => ModeBackend::Nft(NftBackend::new(NftCommand::default())),
+    })
+}
+
+/// IPVS mode's settings from the configuration.
+pub fn ipvs_options(cfg: &ProxyConfig) -> IpvsOptions {
+    let secs = |d: std::time::Duration| d.as_secs().min(u64::from(u32::MAX)) as u32;
+    IpvsOptions {
+        scheduler: cfg.ipvs.scheduler.clone(),
+        strict_arp: cfg.ipvs.strict_arp,
+        exclude_cidrs: cfg.ipvs.exclude_cidrs.clone(),
+        timeouts: (
+            secs(cfg.ipvs.tcp_timeout),
+            secs(cfg.ipvs.tcp_fin_timeout),
+            secs(cfg.ipvs.udp_timeout),
+        ),
+    }
+}
+
+/// The IPVS backend on this kernel; fails when the kernel has no IPVS.
+fn ipvs_backend(cfg: &ProxyConfig) -> Result<IpvsBackend<RealIpvs, IptablesCommand>, BackendError> {
+    let kernel = RealIpvs::open(Box::new(crate::ipvs_link::Rtnetlink))?;
+    Ok(IpvsBackend::new(
+        kernel,
+        IptablesCommand::for_variant(cfg.iptables_backend),
+        ipvs_options(cfg),
+    ))
+}

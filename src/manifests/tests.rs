@@ -1,0 +1,454 @@
+use super::*;
+
+/// A Service in two files is not merged port by port: the later file's copy wins whole,
+/// with a warning naming both places (issue 29).
+#[test]
+fn an_object_defined_twice_is_taken_whole_from_the_last_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+            dir.path().join("a.yaml"),
+            "kind: Service\napiVersion: v1\nmetadata: {name: web, namespace: ns}\nspec: {clusterIP: 10.96.0.1, ports: [{name: http, port: 80}, {name: https, port: 443}]}\n",
+        )
+        .unwrap();
+    std::fs::write(
+            dir.path().join("b.yaml"),
+            "kind: Service\napiVersion: v1\nmetadata: {name: other, namespace: ns}\nspec: {clusterIP: 10.96.0.3, ports: [{port: 53}]}\n---\nkind: Service\napiVersion: v1\nmetadata: {name: web, namespace: ns}\nspec: {clusterIP: 10.96.0.2, ports: [{name: http, port: 8080}]}\n",
+        )
+        .unwrap();
+    let m = load(dir.path()).unwrap();
+    assert_eq!(m.services.len(), 2);
+    let web = &m.services[0];
+    assert_eq!(web.metadata.name.as_deref(), Some("web"));
+    let spec = web.spec.as_ref().unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.2"));
+    assert_eq!(spec.ports.as_ref().unwrap().len(), 1);
+    assert_eq!(m.duplicates.len(), 1, "{:?}", m.duplicates);
+    let w = &m.duplicates[0];
+    assert!(
+        w.contains("Service ns/web")
+            && w.contains("a.yaml (object 1)")
+            && w.contains("b.yaml (object 2)"),
+        "{w}"
+    );
+}
+
+#[test]
+fn multi_document_and_lists() {
+    let text = r#"
+apiVersion: v1
+kind: Service
+metadata: { name: a, namespace: ns }
+spec: { clusterIP: 10.96.0.1, ports: [{ port: 80 }] }
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: { name: a-1, namespace: ns, labels: { kubernetes.io/service-name: a } }
+  addressType: IPv4
+  endpoints: [{ addresses: [10.0.0.1] }]
+- apiVersion: v1
+  kind: ConfigMap
+  metadata: { name: ignored }
+---
+{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}
+"#;
+    let objs = parse(text, Path::new("x.yaml")).unwrap();
+    assert_eq!(objs.len(), 3);
+    assert!(matches!(objs[0], Object::Service(_)));
+    assert!(matches!(objs[1], Object::EndpointSlice(_)));
+    assert!(matches!(objs[2], Object::Node(_)));
+}
+
+#[test]
+fn json_documents_and_lists() {
+    let text = r#"{"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a", "namespace": "ns"},
+             "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}}]}
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}"#;
+    let objs = parse(text, Path::new("x.json")).unwrap();
+    assert_eq!(objs.len(), 2);
+    let e = parse(r#"{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"}, "spec": {"ports": [{"port": "x"}]}}"#, Path::new("y.json")).unwrap_err().to_string();
+    assert!(
+        e.contains("y.json") && e.contains("Service a") && e.contains("spec.ports[0].port"),
+        "{e}"
+    );
+}
+
+#[test]
+fn decode_errors_name_file_object_and_field() {
+    let text = "apiVersion: v1\nkind: Service\nmetadata: { name: a, namespace: ns }\nspec: { ports: [{ port: eighty }] }\n";
+    let e = parse(text, Path::new("bad.yaml")).unwrap_err().to_string();
+    assert!(
+        e.contains("bad.yaml") && e.contains("Service ns/a") && e.contains("spec.ports[0].port"),
+        "{e}"
+    );
+    let e = parse("a: [", Path::new("broken.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("broken.yaml"), "{e}");
+}
+
+/// A Service and its EndpointSlice of `endpoints` endpoints as `kubectl get -o yaml` prints
+/// them (its usual metadata included), addresses from `dataplane::synth`.
+fn kubectl_pair(i: usize, endpoints: usize) -> [String; 2] {
+    let ip = dataplane::synth::cluster_ip(i);
+    let svc = format!(
+        r#"apiVersion: v1
+kind: Service
+metadata:
+  annotations:
+    kubectl.kubernetes.io/last-applied-configuration: |
+      {{"apiVersion":"v1","kind":"Service","metadata":{{"annotations":{{}},"labels":{{"app":"svc-{i}"}},"name":"svc-{i}","namespace":"bench"}},"spec":{{"ports":[{{"name":"http","port":80,"protocol":"TCP","targetPort":8080}}],"selector":{{"app":"svc-{i}"}}}}}}
+  creationTimestamp: "2026-12-01T10:00:00Z"
+  labels:
+    app: svc-{i}
+  name: svc-{i}
+  namespace: bench
+  resourceVersion: "{rv}"
+  uid: 6b1c2f4e-0000-4000-8000-{i:012}
+spec:
+  clusterIP: {ip}
+  clusterIPs:
+  - {ip}
+  internalTrafficPolicy: Cluster
+  ipFamilies:
+  - IPv4
+  ipFamilyPolicy: SingleStack
+  ports:
+  - name: http
+    port: 80
+    protocol: TCP
+    targetPort: 8080
+  selector:
+    app: svc-{i}
+  sessionAffinity: None
+  type: ClusterIP
+status:
+  loadBalancer: {{}}
+"#,
+        rv = 1_000_000 + i,
+    );
+    let mut slice =
+        String::from("addressType: IPv4\napiVersion: discovery.k8s.io/v1\nendpoints:\n");
+    for j in 0..endpoints {
+        let addr = dataplane::synth::endpoint_ip(i, j, 0);
+        let node = (i + j) % 50;
+        slice.push_str(&format!(
+            r#"- addresses:
+  - {addr}
+  conditions:
+    ready: true
+    serving: true
+    terminating: false
+  nodeName: node-{node}
+  targetRef:
+    kind: Pod
+    name: svc-{i}-7d9f8b6c5d-{j:05}
+    namespace: bench
+    uid: 0f3a9c1e-0000-4000-8000-{i:07}{j:05}
+  zone: zone-{zone}
+"#,
+            zone = node % 3,
+        ));
+    }
+    slice.push_str(&format!(
+        r#"kind: EndpointSlice
+metadata:
+  annotations:
+    endpoints.kubernetes.io/last-change-trigger-time: "2026-12-01T10:00:00Z"
+  creationTimestamp: "2026-12-01T10:00:00Z"
+  generateName: svc-{i}-
+  generation: 3
+  labels:
+    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
+    kubernetes.io/service-name: svc-{i}
+  name: svc-{i}-x7k2p
+  namespace: bench
+  ownerReferences:
+  - apiVersion: v1
+    blockOwnerDeletion: true
+    controller: true
+    kind: Service
+    name: svc-{i}
+    uid: 6b1c2f4e-0000-4000-8000-{i:012}
+  resourceVersion: "{rv}"
+  uid: 9e2d7b3a-0000-4000-8000-{i:012}
+ports:
+- name: http
+  port: 8080
+  protocol: TCP
+"#,
+        rv = 2_000_000 + i,
+    ));
+    [svc, slice]
+}
+
+/// `services` Services and their slices as one `kind: List` (`kubectl get -o yaml`).
+fn kubectl_list(services: usize, endpoints: usize) -> String {
+    let mut out = String::from("apiVersion: v1\nitems:\n");
+    for i in 0..services {
+        for obj in kubectl_pair(i, endpoints) {
+            for (n, line) in obj.lines().enumerate() {
+                out.push_str(if n == 0 { "- " } else { "  " });
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out.push_str("kind: List\nmetadata:\n  resourceVersion: \"\"\n");
+    out
+}
+
+#[test]
+fn ten_thousand_services_parse_within_a_tenth_of_the_limits() {
+    let (n, per) = (10_000, 10);
+    let text = kubectl_list(n, per);
+    let report = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let sink = report.clone();
+    let options = yaml_options().with_budget_report(move |r| *sink.borrow_mut() = Some(r));
+    let t = std::time::Instant::now();
+    let objs = parse_yaml(&text, Path::new("dump.yaml"), options).unwrap();
+    let took = t.elapsed();
+    let mut m = Manifests::default();
+    let mut seen = BTreeMap::new();
+    objs.into_iter()
+        .for_each(|o| m.push(o, String::new(), &mut seen));
+    assert_eq!((m.services.len(), m.slices.len()), (n, n));
+    let last = m.slices[n - 1].endpoints.as_deref().unwrap_or_default();
+    assert_eq!(last.len(), per);
+    assert_eq!(
+        last[per - 1].addresses,
+        vec![dataplane::synth::endpoint_ip(n - 1, per - 1, 0).to_string()]
+    );
+    let r = report.borrow_mut().take().expect("a budget report");
+    let b = yaml_options().budget.expect("a budget");
+    println!(
+        "{n} services x {per}: {} bytes, {} nodes, {} events, {} scalar bytes, depth {}, \
+             {} documents, parsed in {took:?}",
+        text.len(),
+        r.nodes,
+        r.events,
+        r.total_scalar_bytes,
+        r.max_depth,
+        r.documents
+    );
+    // Within a tenth of each limit: a 100k-service dump of this shape fits.
+    assert!(r.breached.is_none());
+    assert!(r.nodes * 10 <= b.max_nodes, "nodes {}", r.nodes);
+    assert!(r.events * 10 <= b.max_events, "events {}", r.events);
+    assert!(r.total_scalar_bytes * 10 <= b.max_total_scalar_bytes);
+}
+
+#[test]
+fn multi_document_dump_parses_and_counts_documents() {
+    let mut text = String::new();
+    for i in 0..200 {
+        for obj in kubectl_pair(i, 10) {
+            text.push_str("---\n");
+            text.push_str(&obj);
+        }
+    }
+    let objs = parse(&text, Path::new("dump.yaml")).unwrap();
+    assert_eq!(objs.len(), 400);
+    // A syntax error names its document (the 3rd) and line.
+    let broken = format!(
+        "{}---\n{}---\nkind: Service\nspec: [\n",
+        kubectl_pair(0, 1)[0],
+        kubectl_pair(0, 1)[1]
+    );
+    let e = parse(&broken, Path::new("b.yaml")).unwrap_err().to_string();
+    assert!(
+        e.starts_with("b.yaml: not valid YAML or JSON (document 3): "),
+        "{e}"
+    );
+    assert!(e.contains("line "), "{e}");
+}
+
+#[test]
+fn document_numbers_follow_markers_and_content() {
+    let t = "# c\n%YAML 1.2\n---\na: 1\n---\n---\nb: 2\n...\nc: 3\n";
+    let at: Vec<usize> = (1..=9).map(|l| document_at(t, l)).collect();
+    assert_eq!(at, [1, 1, 1, 1, 2, 3, 3, 3, 4]);
+    assert_eq!(document_at("a: 1\n", 1), 1);
+}
+
+#[test]
+fn untyped_values_read_as_serde_yaml_read_them() {
+    let text = "apiVersion: v1\nkind: Service\nmetadata:\n  name: a\n  namespace: ns\n  labels: { a: yes, b: on, c: '0755', d: 0755, e: 1_000, f: 0x1F }\nspec: { clusterIP: 10.96.0.1, ports: [{ port: 80 }] }\n";
+    let e = parse(text, Path::new("l.yaml")).unwrap_err().to_string();
+    // yes, on, 0755 and 1_000 are strings; 0x1F is a number, as in serde_yaml 0.9.
+    assert!(e.contains("field metadata.labels.f"), "{e}");
+    let text = text.replace(", f: 0x1F", "");
+    let objs = parse(&text, Path::new("l.yaml")).unwrap();
+    let Object::Service(s) = &objs[0] else {
+        panic!("{objs:?}")
+    };
+    let labels = s.metadata.labels.as_ref().unwrap();
+    assert_eq!(labels["a"], "yes");
+    assert_eq!(labels["b"], "on");
+    assert_eq!(labels["d"], "0755");
+    assert_eq!(labels["e"], "1_000");
+    let v: serde_json::Value =
+        serde_saphyr::from_str_with_options("{a: .nan, b: .inf, c: 1.5}", yaml_options()).unwrap();
+    assert_eq!(v, serde_json::json!({"a": null, "b": null, "c": 1.5}));
+}
+
+#[test]
+fn merge_keys_expand_and_duplicate_keys_fail() {
+    // Anchors hold within one document, so the two Services share a List.
+    let text = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: &m { name: a, namespace: ns }\n  spec: { clusterIP: 10.96.0.1, ports: [{ port: 80 }] }\n- apiVersion: v1\n  kind: Service\n  metadata: { <<: *m, name: b }\n  spec: { clusterIP: 10.96.0.2, ports: [{ port: 80 }] }\n";
+    let objs = parse(text, Path::new("m.yaml")).unwrap();
+    let Object::Service(b) = &objs[1] else {
+        panic!("{objs:?}")
+    };
+    assert_eq!(b.metadata.namespace.as_deref(), Some("ns"));
+    assert_eq!(b.metadata.name.as_deref(), Some("b"));
+    let e = parse("kind: Service\nkind: Node\n", Path::new("d.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("d.yaml: not valid YAML or JSON (document 1): "),
+        "{e}"
+    );
+}
+
+#[test]
+fn alias_bombs_and_deep_nesting_stop_at_the_limits() {
+    // Billion laughs: 10^9 strings from a few hundred bytes.
+    let mut bomb = String::from("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+    for k in 1..=9 {
+        let p = k - 1;
+        bomb.push_str(&format!(
+            "a{k}: &a{k} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+        ));
+    }
+    let e = parse(&bomb, Path::new("bomb.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("over the limits for manifest files"), "{e}");
+
+    let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+    let e = parse(&nested(65), Path::new("deep.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("over the limits for manifest files"), "{e}");
+    let block: String = (0..200)
+        .map(|d| format!("{}k:\n", "  ".repeat(d)))
+        .collect();
+    let e = parse(&block, Path::new("deep.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("over the limits for manifest files"), "{e}");
+    // The deepest input accepted fits the 2 MiB stack of a tokio worker (the agent's
+    // manifest watcher runs on one), in a debug build.
+    std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || {
+            parse(
+                &format!("kind: X\nv: {}\n", nested(63)),
+                Path::new("d.yaml"),
+            )
+            .unwrap();
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata: { name: web, namespace: ns }\nspec: { clusterIP: 172.30.0.1, ports: [{ port: 80 }] }\n";
+
+#[test]
+fn manifest_listing_skips_fifos_and_symlink_loops_and_recurses() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("sub/deeper")).unwrap();
+    std::fs::write(d.join("sub/deeper/a.yaml"), SVC).unwrap();
+    std::fs::write(d.join("b.yml"), SVC).unwrap();
+    std::fs::write(d.join("notes.txt"), "not read").unwrap();
+    nix::unistd::mkfifo(&d.join("pipe.yaml"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    std::os::unix::fs::symlink(".", d.join("loop")).unwrap();
+    std::os::unix::fs::symlink("../..", d.join("sub/deeper/up")).unwrap();
+    let l = list(d).unwrap();
+    let names: Vec<_> = l
+        .files
+        .iter()
+        .map(|f| f.path.strip_prefix(d).unwrap())
+        .collect();
+    assert_eq!(names, [Path::new("b.yml"), Path::new("sub/deeper/a.yaml")]);
+    assert!(l.files.iter().all(|f| !f.named));
+    assert_eq!(l.skipped.len(), 3, "{:?}", l.skipped);
+    assert!(l
+        .skipped
+        .iter()
+        .any(|s| s.ends_with("pipe.yaml: skipped: a FIFO, not a regular file")));
+    assert!(l
+        .skipped
+        .iter()
+        .any(|s| s.contains("loop: skipped: a directory already read")));
+    assert!(l
+        .skipped
+        .iter()
+        .any(|s| s.contains("up: skipped: a directory already read")));
+    // And loading reads the two files, each once: the same Service in both is one
+    // object, taken from the later file, with one warning.
+    let m = load(d).unwrap();
+    assert_eq!(m.services.len(), 1);
+    assert_eq!(m.duplicates.len(), 1, "{:?}", m.duplicates);
+
+    // Only FIFOs: nothing to read is the usual error.
+    let only = tempfile::tempdir().unwrap();
+    nix::unistd::mkfifo(&only.path().join("p.json"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    assert!(matches!(
+        list(only.path()),
+        Err(ManifestError::Empty { .. })
+    ));
+}
+
+#[test]
+fn manifest_read_stops_at_the_size_cap_and_refuses_a_replaced_fifo() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("a.yaml");
+    std::fs::write(&f, SVC).unwrap();
+    let found = list(&f).unwrap().files.remove(0);
+    assert!(found.named);
+    let (stamp, objs) = read_file(&found, SVC.len() as u64).unwrap();
+    assert_eq!((stamp, objs.len()), (found.stamp, 1));
+    let e = read_file(&found, SVC.len() as u64 - 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.ends_with(&format!(
+            "a.yaml: too large: {} bytes, over the limit of {} bytes for one manifest file",
+            SVC.len(),
+            SVC.len() - 1
+        )),
+        "{e}"
+    );
+    // A sparse file over the real cap is refused from its size, without reading it.
+    let big = dir.path().join("big.yaml");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(MAX_FILE_BYTES + 1)
+        .unwrap();
+    let t = std::time::Instant::now();
+    assert!(
+        matches!(load(&big), Err(ManifestError::TooLarge { size, .. }) if size == MAX_FILE_BYTES + 1)
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(1));
+    // A file found in a directory that is a FIFO by the time it is opened: refused, not
+    // waited on.
+    let pipe = dir.path().join("p.yaml");
+    nix::unistd::mkfifo(&pipe, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let raced = Found {
+        path: pipe,
+        stamp: found.stamp,
+        named: false,
+    };
+    let e = read_file(&raced, MAX_FILE_BYTES).unwrap_err().to_string();
+    assert!(
+        e.ends_with("p.yaml: cannot read: a FIFO, not a regular file"),
+        "{e}"
+    );
+}
