@@ -10,7 +10,7 @@ use crate::snapshot::{self, Skipped};
 use crate::{leftovers, node_setup};
 use dataplane::backend::{Backend, BackendError, Scope};
 use dataplane::conntrack::{self, Ctnetlink, UdpFrontends};
-use dataplane::iptables::exec::{IptablesCommand, IptablesError};
+use dataplane::iptables::exec::IptablesCommand;
 use dataplane::iptables::IptablesBackend;
 use dataplane::ipvs::genl::GenlError;
 use dataplane::ipvs::kernel::{IpvsError, RealIpvs, DUMMY};
@@ -482,9 +482,10 @@ fn cleanup(args: &CleanupArgs) -> Result<(), CommandError> {
         match backend.cleanup() {
             Ok(removed) => println!("cleanup: removed {removed} iptables chains"),
             // Without iptables installed there is nothing of ours in it, unless asked for.
-            Err(BackendError::Iptables(IptablesError::Spawn { program, .. })) if mode.is_none() => {
-                println!("cleanup: {program} is not installed; no iptables rules to remove")
-            }
+            Err(e) if mode.is_none() && e.program().is_some() => println!(
+                "cleanup: {} is not installed; no iptables rules to remove",
+                e.program().unwrap_or("iptables")
+            ),
             Err(e) => return Err(e.into()),
         }
     }

@@ -5,8 +5,8 @@
 //! stop the others, and each failure is returned named.
 
 use crate::config::ProxyMode;
-use dataplane::backend::{Backend, BackendError};
-use dataplane::iptables::exec::{IptablesCommand, IptablesError, Variant};
+use dataplane::backend::Backend;
+use dataplane::iptables::exec::{IptablesCommand, Variant};
 use dataplane::iptables::IptablesBackend;
 use dataplane::ipvs::genl::GenlError;
 use dataplane::ipvs::kernel::{IpvsError, RealIpvs, DUMMY};
@@ -60,8 +60,9 @@ pub fn switchyard_nftables() -> Removed {
         Ok(n) => r
             .done
             .push(format!("removed {n} switchyard nftables tables")),
-        Err(BackendError::Nft(NftError::Spawn { program, .. })) => r.done.push(format!(
-            "{program} is not installed; no switchyard nftables tables looked for"
+        Err(e) if e.program().is_some() => r.done.push(format!(
+            "{} is not installed; no switchyard nftables tables looked for",
+            e.program().unwrap_or("nft")
         )),
         Err(e) => r.failed.push(format!("switchyard nftables tables: {e}")),
     }
@@ -85,9 +86,10 @@ pub fn kube_iptables() -> Removed {
                 "removed {removed} KUBE- iptables chains ({})",
                 variant.as_str()
             )),
-            Err(BackendError::Iptables(IptablesError::Spawn { program, .. })) => r.done.push(
-                format!("{program} is not installed; nothing to remove there"),
-            ),
+            Err(e) if e.program().is_some() => r.done.push(format!(
+                "{} is not installed; nothing to remove there",
+                e.program().unwrap_or("iptables")
+            )),
             Err(e) => r.failed.push(format!("iptables-{}: {e}", variant.as_str())),
         }
     }

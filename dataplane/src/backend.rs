@@ -1,58 +1,82 @@
 //! The backend interface every dataplane mode implements, and what a sync reports.
 
-use crate::iptables::exec::IptablesError;
 use crate::model::IpFamily;
-use crate::nft::exec::NftError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-/// Errors of a backend sync.
+/// A backend's failure, as the agent and the commands need it: a stable reason for
+/// metrics, the one IP family it concerns when known, whether the other family was
+/// programmed all the same, and the backend's own error as its source. Each backend
+/// converts its errors into this one (`From` impls beside them), so this contract names no
+/// backend.
 #[derive(Debug, thiserror::Error)]
-pub enum BackendError {
-    #[error(transparent)]
-    Nft(#[from] NftError),
-    #[error(transparent)]
-    Iptables(#[from] IptablesError),
-    #[error(transparent)]
-    Ipvs(#[from] crate::ipvs::kernel::IpvsError),
+#[error("{source}")]
+pub struct BackendError {
+    reason: &'static str,
+    family: Option<IpFamily>,
+    other_family_programmed: bool,
+    program_not_run: Option<String>,
+    source: Box<dyn std::error::Error + Send + Sync + 'static>,
 }
 
 impl BackendError {
+    /// A failure with a short, stable label for metrics (`rejected`, `spawn`, `read`, ...).
+    pub fn new(
+        reason: &'static str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> BackendError {
+        BackendError {
+            reason,
+            family: None,
+            other_family_programmed: false,
+            program_not_run: None,
+            source: Box::new(source),
+        }
+    }
+
+    /// It concerns `family` alone.
+    pub fn in_family(mut self, family: IpFamily) -> BackendError {
+        self.family = Some(family);
+        self
+    }
+
+    /// It concerns one family, and the other family's rules were programmed.
+    pub fn other_family_programmed(mut self) -> BackendError {
+        self.other_family_programmed = true;
+        self
+    }
+
+    /// The program the backend runs could not be started (not installed, most often).
+    pub fn program_not_run(mut self, program: &str) -> BackendError {
+        self.program_not_run = Some(program.to_string());
+        self
+    }
+
     /// A short, stable label for metrics.
     pub fn reason(&self) -> &'static str {
-        match self {
-            BackendError::Nft(NftError::Rejected { .. } | NftError::Family { .. }) => "rejected",
-            BackendError::Nft(NftError::Spawn { .. }) => "spawn",
-            BackendError::Nft(_) => "read",
-            BackendError::Iptables(IptablesError::Rejected { .. } | IptablesError::Fake(_)) => {
-                "rejected"
-            }
-            BackendError::Iptables(IptablesError::Spawn { .. }) => "spawn",
-            BackendError::Iptables(IptablesError::Sysctl(_)) => "sysctl",
-            BackendError::Iptables(_) => "read",
-            BackendError::Ipvs(e) => e.reason(),
-        }
+        self.reason
     }
 
     /// The one IP family a failure is known to concern; `None` when it may concern both
     /// (kube-proxy counts failures per family, in its per-family proxiers).
     pub fn family(&self) -> Option<IpFamily> {
-        match self {
-            BackendError::Nft(NftError::Family { family, .. }) => Some(*family),
-            // Each family has its own restore program; the error names the one that failed.
-            BackendError::Iptables(
-                IptablesError::Spawn { program, .. }
-                | IptablesError::Rejected { program, .. }
-                | IptablesError::Save { program, .. }
-                | IptablesError::Parse { program, .. },
-            ) => Some(if program.starts_with("ip6") {
-                IpFamily::V6
-            } else {
-                IpFamily::V4
-            }),
-            BackendError::Iptables(IptablesError::Sysctl(_)) => Some(IpFamily::V4),
-            _ => None,
-        }
+        self.family
+    }
+
+    /// Whether the other family's rules were programmed despite this failure, so that what
+    /// follows a sync (health-check servers, conntrack cleanup) still applies to them.
+    pub fn is_other_family_programmed(&self) -> bool {
+        self.other_family_programmed
+    }
+
+    /// The program that could not be started, when that is the failure.
+    pub fn program(&self) -> Option<&str> {
+        self.program_not_run.as_deref()
+    }
+
+    /// The backend's own error, for callers that know the backend.
+    pub fn inner<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.source.downcast_ref::<E>()
     }
 }
 

@@ -400,7 +400,7 @@ impl Agent {
                 self.failed(&e, done, full);
                 // One family failed, the other was programmed: what follows a sync still
                 // applies to it.
-                if follow_ups && matches!(e, BackendError::Nft(NftError::Family { .. })) {
+                if follow_ups && e.is_other_family_programmed() {
                     self.service_health.reconcile(self.store.snapshot());
                     self.clean_udp_conntrack(full);
                 }

@@ -4,6 +4,7 @@
 
 use super::render::TableName;
 use super::restore::{parse_save, SaveParseError, Saved, Style};
+use crate::backend::BackendError;
 use crate::model::IpFamily;
 use std::collections::BTreeSet;
 
@@ -37,6 +38,42 @@ pub enum IptablesError {
     Sysctl(std::io::Error),
     #[error("fake iptables refused the input: {0}")]
     Fake(String),
+}
+
+impl From<IptablesError> for BackendError {
+    fn from(e: IptablesError) -> BackendError {
+        let reason = match &e {
+            IptablesError::Rejected { .. } | IptablesError::Fake(_) => "rejected",
+            IptablesError::Spawn { .. } => "spawn",
+            IptablesError::Sysctl(_) => "sysctl",
+            _ => "read",
+        };
+        // Each family has its own program; the error names the one that failed.
+        let family = match &e {
+            IptablesError::Spawn { program, .. }
+            | IptablesError::Rejected { program, .. }
+            | IptablesError::Save { program, .. }
+            | IptablesError::Parse { program, .. } => Some(if program.starts_with("ip6") {
+                IpFamily::V6
+            } else {
+                IpFamily::V4
+            }),
+            IptablesError::Sysctl(_) => Some(IpFamily::V4),
+            _ => None,
+        };
+        let program = match &e {
+            IptablesError::Spawn { program, .. } => Some(program.clone()),
+            _ => None,
+        };
+        let mut out = BackendError::new(reason, e);
+        if let Some(f) = family {
+            out = out.in_family(f);
+        }
+        if let Some(p) = program {
+            out = out.program_not_run(&p);
+        }
+        out
+    }
 }
 
 /// Which iptables implementation programs the kernel.

@@ -4,6 +4,7 @@
 //! [`RealIpvs`] is the kernel; [`FakeIpvs`] holds the same state in memory for unit tests.
 
 use super::genl::{Dest, GenlError, IpvsSocket, Op, ServiceId, ServiceSpec};
+use crate::backend::BackendError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -24,6 +25,12 @@ pub enum IpvsError {
         path: String,
         source: std::io::Error,
     },
+}
+
+impl From<IpvsError> for BackendError {
+    fn from(e: IpvsError) -> BackendError {
+        BackendError::new(e.reason(), e)
+    }
 }
 
 impl IpvsError {

@@ -5,6 +5,7 @@ use super::netlink::{NetlinkError, Reader};
 use super::skeleton::MAP_AFFINITY;
 use super::state::{family_name, Ruleset, TABLE};
 use super::transaction::{apply, Op, Transaction};
+use crate::backend::BackendError;
 use crate::model::IpFamily;
 use std::collections::BTreeMap;
 
@@ -34,6 +35,29 @@ pub enum NftError {
         family: IpFamily,
         source: Box<NftError>,
     },
+}
+
+impl From<NftError> for BackendError {
+    fn from(e: NftError) -> BackendError {
+        let reason = match &e {
+            NftError::Rejected { .. } | NftError::Family { .. } => "rejected",
+            NftError::Spawn { .. } => "spawn",
+            _ => "read",
+        };
+        let (family, program) = match &e {
+            NftError::Family { family, .. } => (Some(*family), None),
+            NftError::Spawn { program, .. } => (None, Some(program.clone())),
+            _ => (None, None),
+        };
+        let mut out = BackendError::new(reason, e);
+        if let Some(f) = family {
+            out = out.in_family(f).other_family_programmed();
+        }
+        if let Some(p) = program {
+            out = out.program_not_run(&p);
+        }
+        out
+    }
 }
 
 /// Reads and writes Switchyard's tables.
