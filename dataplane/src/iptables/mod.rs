@@ -6,6 +6,7 @@ pub mod exec;
 pub mod names;
 pub mod render;
 pub mod restore;
+pub mod rule_parse;
 
 use crate::backend::{Backend, BackendError, Scope, ServiceKey, SyncReport, TxStats};
 use crate::model::{IpFamily, Snapshot};
