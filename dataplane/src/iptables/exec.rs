@@ -581,7 +581,7 @@ impl IptablesExecutor for FakeIptables {
             for rule in rules.iter() {
                 let target_missing = super::restore::rule_target(rule)
                     .is_some_and(|t| t.starts_with("KUBE-") && !work.chains.contains(t));
-                if !super::direct::encodable(rule) || target_missing {
+                if !super::rule_parse::encodable(rule) || target_missing {
                     return Err(DirectError::Unsupported(format!("{chain}: {rule}")).into());
                 }
                 work.rules.push((chain.to_string(), rule.to_string()));

@@ -6,6 +6,7 @@ pub mod exec;
 pub mod names;
 pub mod render;
 pub mod restore;
+pub mod rule_parse;
 
 use crate::backend::{Backend, BackendError, Scope, ServiceKey, SyncReport, TxStats};
 use crate::model::{IpFamily, Snapshot};
@@ -221,7 +222,7 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
     fn sync(&mut self, snapshot: &Snapshot, scope: Scope<'_>) -> Result<SyncReport, BackendError> {
         let started = Instant::now();
         let first = self.applied.families.is_empty();
-        if (scope.is_full() || first) && render::localhost_node_ports(&snapshot.node) {
+        if (scope.is_full() || first) && render::fixed::localhost_node_ports(&snapshot.node) {
             self.exec.enable_route_localnet()?;
         }
         let all_applied = IpFamily::ALL

@@ -8,6 +8,7 @@
 
 use super::names;
 use super::render::{ports_of, Chains, FamilyLayout, Jump, PortRules, TableName};
+use super::rule_parse::{encodable, rule_words};
 use crate::model::ServicePortName;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -72,34 +73,6 @@ pub fn rule_target(rule: &str) -> Option<&str> {
 /// duplicates kept, so order does not matter and repetition does.
 pub fn same_rule(a: &str, b: &str) -> bool {
     canonical(a) == canonical(b)
-}
-
-/// A rule's words, a double-quoted string being one word (flagged: a quoted word is
-/// always a value), and whether every quote was closed.
-pub(super) fn rule_words(rule: &str) -> (Vec<(String, bool)>, bool) {
-    let mut words: Vec<(String, bool)> = Vec::new();
-    let mut quoted: Option<String> = None;
-    for w in rule.split_whitespace() {
-        match quoted.as_mut() {
-            Some(q) => {
-                q.push(' ');
-                q.push_str(w);
-            }
-            None if w.starts_with('"') => quoted = Some(w.to_string()),
-            None => words.push((w.to_string(), false)),
-        }
-        if let Some(q) = quoted.as_ref() {
-            if q.len() > 1 && q.ends_with('"') {
-                words.push((q.trim_matches('"').to_string(), true));
-                quoted = None;
-            }
-        }
-    }
-    let closed = quoted.is_none();
-    if let Some(q) = quoted {
-        words.push((q.trim_matches('"').to_string(), true));
-    }
-    (words, closed)
 }
 
 fn canonical(rule: &str) -> Vec<String> {
@@ -384,7 +357,7 @@ fn split_direct<'a>(
     let mut direct: BTreeSet<&str> = new
         .iter()
         .copied()
-        .filter(|c| rules[c].iter().all(|r| super::direct::encodable(r)))
+        .filter(|c| rules[c].iter().all(|r| encodable(r)))
         .collect();
     loop {
         let blocked: Vec<&str> = direct

@@ -1013,7 +1013,7 @@ fn new_chains_of_a_large_sync_are_created_directly_and_the_rest_restored() {
         .collect();
     assert!(!sticky_chains.is_empty());
     for (chain, rules) in &want {
-        let direct = rules.iter().all(|r| super::direct::encodable(r))
+        let direct = rules.iter().all(|r| super::rule_parse::encodable(r))
             && !sticky_chains.contains(chain.as_str())
             && !rules
                 .iter()
