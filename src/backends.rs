@@ -10,38 +10,14 @@ use dataplane::ipvs::{IpvsBackend, IpvsOptions};
 use dataplane::nft::exec::NftCommand;
 use dataplane::nft::NftBackend;
 
-/// The backend of the configured mode, on this kernel.
-pub enum ModeBackend {
-    Nft(NftBackend<NftCommand>),
-    Iptables(IptablesBackend<IptablesCommand>),
-    Ipvs(Box<IpvsBackend<RealIpvs, IptablesCommand>>),
-}
-
-impl ModeBackend {
-    pub fn backend(&mut self) -> &mut dyn Backend {
-        match self {
-            ModeBackend::Nft(b) => b,
-            ModeBackend::Iptables(b) => b,
-            ModeBackend::Ipvs(b) => b.as_mut(),
-        }
-    }
-
-    pub fn nft(&mut self) -> Option<&mut NftBackend<NftCommand>> {
-        match self {
-            ModeBackend::Nft(b) => Some(b),
-            ModeBackend::Iptables(_) | ModeBackend::Ipvs(_) => None,
-        }
-    }
-}
-
 /// The backend for `cfg.mode`; fails when the kernel lacks what the mode needs (IPVS).
-pub fn for_mode(cfg: &ProxyConfig) -> Result<ModeBackend, BackendError> {
+pub fn for_mode(cfg: &ProxyConfig) -> Result<Box<dyn Backend>, BackendError> {
     Ok(match cfg.mode {
-        ProxyMode::Iptables => ModeBackend::Iptables(IptablesBackend::new(
-            IptablesCommand::for_variant(cfg.iptables_backend),
-        )),
-        ProxyMode::Ipvs => ModeBackend::Ipvs(Box::new(ipvs_backend(cfg)?)),
-        ProxyMode::Nftables => ModeBackend::Nft(NftBackend::new(NftCommand::default())),
+        ProxyMode::Iptables => Box::new(IptablesBackend::new(IptablesCommand::for_variant(
+            cfg.iptables_backend,
+        ))),
+        ProxyMode::Ipvs => Box::new(ipvs_backend(cfg)?),
+        ProxyMode::Nftables => Box::new(NftBackend::new(NftCommand::default())),
     })
 }
 

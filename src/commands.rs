@@ -152,7 +152,7 @@ fn sync(args: &SyncArgs) -> Result<(), CommandError> {
     let (cfg, snap) = load(&args.inputs)?;
     let mut backend = crate::backends::for_mode(&cfg)?;
     let scope = if args.full { Scope::Full } else { Scope::All };
-    let report = backend.backend().sync(&snap, scope)?;
+    let report = backend.sync(&snap, scope)?;
     for c in &report.conflicts {
         tracing::warn!("{c}");
     }

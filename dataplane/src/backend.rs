@@ -240,7 +240,70 @@ impl Scope<'_> {
     }
 }
 
-/// A dataplane mode.
+/// The kernel as a mode read it back for a check, off the event loop; only the backend that
+/// read it looks inside.
+pub struct Readback(pub Box<dyn std::any::Any + Send>);
+
+/// A read of the kernel to run on a blocking thread.
+pub type ReadJob = Box<dyn FnOnce() -> Result<Readback, BackendError> + Send>;
+
+/// What comparing a read-back with what was programmed found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckResult {
+    /// One line per difference; empty when the kernel holds what was programmed.
+    pub differences: Vec<String>,
+    /// No commit (ours or anyone's) overlapped the read, so what it misses really is gone.
+    pub consistent: bool,
+}
+
+impl CheckResult {
+    /// The first few differences on one line, for a log.
+    pub fn summary(&self) -> String {
+        const SHOWN: usize = 5;
+        let d = &self.differences;
+        let mut text = d.iter().take(SHOWN).cloned().collect::<Vec<_>>().join("; ");
+        if d.len() > SHOWN {
+            text.push_str(&format!("; and {} more", d.len() - SHOWN));
+        }
+        text
+    }
+}
+
+/// What a mode does between syncs to find that someone else changed its rules.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Upkeep {
+    /// Commit notifications (nf_tables) tell it to look: [`Backend::kernel_unchanged`], then
+    /// a read-back.
+    pub commit_notifications: bool,
+    /// The periodic full sync may be replaced by [`Backend::kernel_unchanged`] or a
+    /// read-back ([`Backend::begin_check`]), a full sync following only on differences.
+    pub read_back: bool,
+    /// A cheap probe ([`Backend::rules_flushed`]) runs between full syncs.
+    pub canary: bool,
+}
+
+/// The failure counters of kube-proxy's a mode's failed syncs count in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureCounter {
+    /// `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`
+    NftablesSync,
+    /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total` (and the partial one)
+    IptablesRestore,
+}
+
+/// Rules a mode owns in one table of one family (kube-proxy's iptables rule gauges).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleCount {
+    pub family: IpFamily,
+    pub table: &'static str,
+    /// Held now, as the last syncs left them.
+    pub total: usize,
+    /// Written by the last sync.
+    pub last_sync: usize,
+}
+
+/// A dataplane mode. Besides syncing and cleaning up, a mode says how it keeps watch on the
+/// kernel between syncs; the defaults are "not at all".
 pub trait Backend {
     /// Bring the kernel to `snapshot`, within `scope`.
     fn sync(
@@ -250,4 +313,43 @@ pub trait Backend {
     ) -> Result<SyncReport, BackendError>;
     /// Remove everything this backend installed; returns how many tables went away.
     fn cleanup(&mut self) -> Result<usize, BackendError>;
+
+    /// How this mode keeps watch between syncs.
+    fn upkeep(&self) -> Upkeep {
+        Upkeep::default()
+    }
+
+    /// Whether nobody but us changed the kernel since it last matched what was programmed
+    /// (cheap); false when that cannot be told.
+    fn kernel_unchanged(&mut self) -> bool {
+        false
+    }
+
+    /// Start a read-back check: the read to run off the event loop, or `None` when there is
+    /// nothing committed to check against.
+    fn begin_check(&mut self) -> Option<ReadJob> {
+        None
+    }
+
+    /// Compare a read-back begun with [`Backend::begin_check`]; `None` when it can no longer
+    /// be judged (a failed sync since, which forces a full sync anyway).
+    fn finish_check(&mut self, _read: &Readback) -> Option<CheckResult> {
+        None
+    }
+
+    /// The canary probe: true when our rules were flushed by someone else.
+    fn rules_flushed(&mut self) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+
+    /// The kube-proxy failure counters this mode's failed syncs count in.
+    fn failure_counter(&self) -> Option<FailureCounter> {
+        None
+    }
+
+    /// Rules owned per family and table, for kube-proxy's rule gauges; empty when the mode
+    /// has none to report.
+    fn rule_counts(&self) -> Vec<RuleCount> {
+        Vec::new()
+    }
 }

@@ -3,19 +3,15 @@
 //! iptables mode's canary chains.
 
 use super::{Agent, KernelRead};
-use crate::backends::ModeBackend;
-use crate::config::ProxyMode;
-use dataplane::nft::exec::read_kernel;
-use dataplane::nft::verify;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-/// nftables mode: a thread blocked on the kernel's commit notifications, one message per
-/// burst of commits (a full channel already says "look"). Other modes: a channel that never
-/// speaks.
-pub(super) fn watch_commits(mode: ProxyMode) -> mpsc::Receiver<()> {
+/// For a mode that watches them: a thread blocked on the kernel's nf_tables commit
+/// notifications, one message per burst of commits (a full channel already says "look").
+/// Other modes: a channel that never speaks.
+pub(super) fn watch_commits(wanted: bool) -> mpsc::Receiver<()> {
     let (tx, rx) = mpsc::channel::<()>(1);
-    if mode != ProxyMode::Nftables {
+    if !wanted {
         // A closed channel: its branch of the agent's loop never fires.
         return rx;
     }
@@ -55,8 +51,8 @@ impl Agent {
     /// the kernel no longer holds what we programmed.
     pub(super) fn checked(&mut self, (read, started): KernelRead) {
         self.checking = false;
-        let (kernel, generation) = match read {
-            Ok(k) => k,
+        let read = match read {
+            Ok(r) => r,
             Err(e) => {
                 tracing::warn!(
                     "cannot read the kernel back for the periodic check: {e}; syncing in full"
@@ -69,20 +65,16 @@ impl Agent {
             .kernel_checks_by
             .with_label_values(&["read"])
             .inc();
-        let consistent = generation.is_some();
-        let Some(nft) = self.backend.nft() else {
-            return;
-        };
-        let differences = nft.finish_verify(&kernel, generation);
+        let result = self.backend.finish_check(&read);
         // Freeing 100k elements takes tens of milliseconds; not on the event loop.
-        tokio::task::spawn_blocking(move || drop(kernel));
+        tokio::task::spawn_blocking(move || drop(read));
         self.metrics
             .kernel_checks
             .observe(started.elapsed().as_secs_f64());
-        let Some(d) = differences else {
+        let Some(check) = result else {
             return;
         };
-        if d.is_empty() {
+        if check.differences.is_empty() {
             self.suspect.clear();
             tracing::debug!("periodic check: the kernel holds what was programmed");
             return;
@@ -90,12 +82,13 @@ impl Agent {
         // A read that overlapped our commits can miss elements that never moved; what two
         // reads in a row both find missing really is.
         let confirming = !self.suspect.is_empty();
-        let confirmed = consistent || d.iter().any(|x| self.suspect.contains(x));
+        let confirmed =
+            check.consistent || check.differences.iter().any(|x| self.suspect.contains(x));
         if confirmed {
             self.suspect.clear();
             tracing::warn!(
                 "the kernel no longer holds what was programmed ({}); repairing with a full sync",
-                verify::summary(&d)
+                check.summary()
             );
             self.schedule.require_full();
         } else if confirming {
@@ -105,9 +98,9 @@ impl Agent {
         } else {
             tracing::debug!(
                 "periodic check overlapped syncs and found {} differences; reading again to confirm",
-                d.len()
+                check.differences.len()
             );
-            self.suspect = d.into_iter().collect();
+            self.suspect = check.differences.into_iter().collect();
             self.start_check(Instant::now());
         }
     }
@@ -119,8 +112,8 @@ impl Agent {
         if self.checking {
             return;
         }
-        let Some(b) = self.backend.nft() else { return };
-        if tokio::task::block_in_place(|| b.kernel_unchanged()) {
+        let backend = &mut self.backend;
+        if tokio::task::block_in_place(|| backend.kernel_unchanged()) {
             return;
         }
         self.metrics
@@ -133,13 +126,13 @@ impl Agent {
 
     /// Read the kernel back in the background; [`Self::checked`] gets the result.
     pub(super) fn start_check(&mut self, now: Instant) {
-        if !self.backend.nft().is_some_and(|b| b.begin_verify()) {
+        let Some(read) = self.backend.begin_check() else {
             return;
-        }
+        };
         self.checking = true;
         let tx = self.checked_tx.clone();
         tokio::task::spawn_blocking(move || {
-            let _ = tx.blocking_send((read_kernel(), now));
+            let _ = tx.blocking_send((read(), now));
         });
     }
 
@@ -148,10 +141,8 @@ impl Agent {
     pub(super) fn probe_canary(&mut self) {
         let now = Instant::now();
         self.next_canary = Some(now + self.canary_interval);
-        let ModeBackend::Iptables(ipt) = &mut self.backend else {
-            return;
-        };
-        match tokio::task::block_in_place(|| ipt.canary_missing()) {
+        let backend = &mut self.backend;
+        match tokio::task::block_in_place(|| backend.rules_flushed()) {
             Ok(false) => {}
             Ok(true) => {
                 tracing::warn!("a canary chain is gone: our iptables chains were flushed; repairing with a full sync");

@@ -15,16 +15,12 @@ mod servers;
 pub mod service_health;
 pub mod store;
 
-use crate::backends::ModeBackend;
 use crate::config::{ProxyConfig, ProxyMode};
 use crate::manifests::ManifestError;
 use crate::nodeaddr::Interfaces;
-use dataplane::backend::{BackendError, Scope, SyncReport};
+use dataplane::backend::{Backend, BackendError, FailureCounter, Readback, Scope, SyncReport};
 use dataplane::conntrack::{self, Ctnetlink, UdpFrontends};
-use dataplane::iptables::render::TableName;
 use dataplane::model::IpFamily;
-use dataplane::nft::exec::NftError;
-use dataplane::nft::state::Ruleset;
 use health::Health;
 use kernel_checks::watch_commits;
 use metrics::{family_label, Metrics};
@@ -178,9 +174,9 @@ async fn run_async(
     };
 
     let (checked_tx, mut checked_rx) = mpsc::channel::<KernelRead>(1);
-    let mut commits_rx = watch_commits(cfg.mode);
     tracing::info!("{} mode", cfg.mode.as_str());
     let backend = crate::backends::for_mode(&cfg).map_err(AgentError::Backend)?;
+    let mut commits_rx = watch_commits(backend.upkeep().commit_notifications);
     let mut agent = Agent {
         store: Store::new(cfg.clone(), node_name, Box::new(Interfaces)),
         backend,
@@ -251,7 +247,7 @@ const CANARY_INTERVAL: Duration = Duration::from_secs(5);
 /// The agent's state between events.
 struct Agent {
     store: Store,
-    backend: ModeBackend,
+    backend: Box<dyn Backend>,
     /// iptables mode: when to look for the canary chains next (after the first sync).
     next_canary: Option<Instant>,
     canary_interval: Duration,
@@ -275,7 +271,7 @@ struct Agent {
 
 /// The kernel as a background read found it (and the generation it was read at, if no
 /// commit overlapped the read), and when the read began.
-type KernelRead = (Result<(Ruleset, Option<u32>), NftError>, Instant);
+type KernelRead = (Result<Readback, BackendError>, Instant);
 
 impl Agent {
     fn health(&self) -> std::sync::MutexGuard<'_, Health> {
@@ -330,14 +326,13 @@ impl Agent {
         let mut full = self.schedule.start(started);
         // In iptables mode the periodic sync is a full one, as kube-proxy's: iptables-save
         // shows what is gone and the restore puts everything back.
-        let nft = self.backend.nft().is_some();
-        if full && !required && nft {
+        if full && !required && self.backend.upkeep().read_back {
             // The periodic full sync. If nobody else committed to nftables since the kernel
             // last matched, it still does, and one generation request says so. Otherwise
             // the kernel is read back; 100k elements take it most of a second, so the read
             // runs beside the syncs, and a full sync follows only if the kernel turns out
             // changed. A check still in flight covers this period.
-            if !self.checking && self.backend.nft().is_some_and(|b| b.kernel_unchanged()) {
+            if !self.checking && tokio::task::block_in_place(|| self.backend.kernel_unchanged()) {
                 self.metrics
                     .kernel_checks_by
                     .with_label_values(&["generation"])
@@ -381,7 +376,7 @@ impl Agent {
                     })
             });
         // nft runs as a child process; keep the runtime's other tasks (HTTP, watches) going.
-        let backend = self.backend.backend();
+        let backend = &mut self.backend;
         let result = tokio::task::block_in_place(|| backend.sync(snapshot, scope));
         let done = Instant::now();
         self.update_pending_gauges();
@@ -423,31 +418,19 @@ impl Agent {
                 }
             });
         }
-        if let ModeBackend::Iptables(ipt) = &self.backend {
-            // kube-proxy has no mangle chains: that table shows only when we hold rules there.
-            let shown = |(family, table): &(IpFamily, TableName), n: usize| {
-                (n > 0 || *table != TableName::Mangle)
-                    .then(|| [table.as_str(), family_label(*family)])
-            };
-            for (key, n) in ipt.rule_counts() {
-                if let Some(labels) = shown(&key, n) {
-                    self.metrics
-                        .iptables_rules
-                        .with_label_values(&labels)
-                        .set(n as i64);
-                }
-            }
-            for (key, n) in ipt.rules_written_last() {
-                if let Some(labels) = shown(&key, n) {
-                    self.metrics
-                        .iptables_rules_last
-                        .with_label_values(&labels)
-                        .set(n as i64);
-                }
-            }
-            if self.next_canary.is_none() {
-                self.next_canary = Some(done + self.canary_interval);
-            }
+        for c in self.backend.rule_counts() {
+            let labels = [c.table, family_label(c.family)];
+            self.metrics
+                .iptables_rules
+                .with_label_values(&labels)
+                .set(c.total as i64);
+            self.metrics
+                .iptables_rules_last
+                .with_label_values(&labels)
+                .set(c.last_sync as i64);
+        }
+        if self.backend.upkeep().canary && self.next_canary.is_none() {
+            self.next_canary = Some(done + self.canary_interval);
         }
         self.schedule.succeeded(done, report.full);
         let secs = report.duration.as_secs_f64();
@@ -577,14 +560,13 @@ impl Agent {
 
     fn failed(&mut self, e: &BackendError, done: Instant, full: bool) {
         for f in self.metrics.families(e.family()) {
-            match self.backend {
-                ModeBackend::Nft(_) => self
+            match self.backend.failure_counter() {
+                Some(FailureCounter::NftablesSync) => self
                     .metrics
                     .nftables_sync_failures
                     .with_label_values(&[f])
                     .inc(),
-                ModeBackend::Ipvs(_) => {}
-                ModeBackend::Iptables(_) => {
+                Some(FailureCounter::IptablesRestore) => {
                     self.metrics
                         .iptables_restore_failures
                         .with_label_values(&[f])
@@ -596,6 +578,7 @@ impl Agent {
                             .inc();
                     }
                 }
+                None => {}
             }
         }
         self.metrics

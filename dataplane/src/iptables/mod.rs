@@ -8,7 +8,10 @@ pub mod render;
 pub mod restore;
 pub mod rule_parse;
 
-use crate::backend::{Backend, BackendError, Scope, ServiceKey, SyncReport, TxStats};
+use crate::backend::{
+    Backend, BackendError, FailureCounter, RuleCount, Scope, ServiceKey, SyncReport, TxStats,
+    Upkeep,
+};
 use crate::model::{IpFamily, Snapshot};
 use exec::{IptablesError, IptablesExecutor};
 use render::{FamilyLayout, Rendered};
@@ -52,7 +55,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
     }
 
     /// Rules we own per family and table, as the last syncs left them.
-    pub fn rule_counts(&self) -> BTreeMap<(IpFamily, render::TableName), usize> {
+    pub fn rules_held(&self) -> BTreeMap<(IpFamily, render::TableName), usize> {
         let mut out = BTreeMap::new();
         for (family, layout) in &self.applied.families {
             for (table, _, rules) in layout.chains() {
@@ -308,6 +311,37 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
     /// chains went away.
     fn cleanup(&mut self) -> Result<usize, BackendError> {
         self.cleanup_of(&names::owned)
+    }
+
+    fn upkeep(&self) -> Upkeep {
+        Upkeep {
+            canary: true,
+            ..Upkeep::default()
+        }
+    }
+
+    fn rules_flushed(&mut self) -> Result<bool, BackendError> {
+        Ok(self.canary_missing()?)
+    }
+
+    fn failure_counter(&self) -> Option<FailureCounter> {
+        Some(FailureCounter::IptablesRestore)
+    }
+
+    /// kube-proxy has no mangle chains: that table shows only when we hold rules there.
+    fn rule_counts(&self) -> Vec<RuleCount> {
+        let last = self.rules_written_last();
+        let mut held: BTreeMap<_, usize> = last.keys().map(|k| (*k, 0)).collect();
+        held.extend(self.rules_held());
+        held.into_iter()
+            .filter(|((_, table), total)| *total > 0 || *table != render::TableName::Mangle)
+            .map(|((family, table), total)| RuleCount {
+                family,
+                table: table.as_str(),
+                total,
+                last_sync: last.get(&(family, table)).copied().unwrap_or(0),
+            })
+            .collect()
     }
 }
 

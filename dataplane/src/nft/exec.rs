@@ -60,6 +60,10 @@ impl From<NftError> for BackendError {
     }
 }
 
+/// A read of the kernel for another thread: our tables, and the generation they were read
+/// at when no commit overlapped the read.
+pub type BackgroundRead = Box<dyn FnOnce() -> Result<(Ruleset, Option<u32>), NftError> + Send>;
+
 /// Reads and writes Switchyard's tables.
 pub trait NftExecutor {
     /// Our tables as the kernel holds them; a family without a table is absent.
@@ -72,6 +76,12 @@ pub trait NftExecutor {
     /// executor cannot tell.
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
         Ok(None)
+    }
+    /// A read of our tables (and the generation it saw, when no commit overlapped it) that
+    /// can run on another thread, for the periodic check; `None` when this executor has
+    /// none.
+    fn background_read(&self) -> Option<BackgroundRead> {
+        None
     }
     /// What the packet path remembered for sessionAffinity in `family`.
     fn remembered(
@@ -185,6 +195,10 @@ impl NftExecutor for NftCommand {
         Ok(Some(Reader::open()?.generation()?))
     }
 
+    fn background_read(&self) -> Option<BackgroundRead> {
+        Some(Box::new(read_kernel))
+    }
+
     fn remembered(
         &mut self,
         family: IpFamily,
@@ -296,6 +310,11 @@ impl NftExecutor for FakeNft {
 
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
         Ok(Some(self.generation))
+    }
+
+    fn background_read(&self) -> Option<BackgroundRead> {
+        let (state, generation) = (self.state.clone(), self.generation);
+        Some(Box::new(move || Ok((state, Some(generation)))))
     }
 }
 

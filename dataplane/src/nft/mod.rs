@@ -13,7 +13,10 @@ pub mod state;
 pub mod transaction;
 pub mod verify;
 
-use crate::backend::{Backend, BackendError, Scope, ServiceKey, SyncReport};
+use crate::backend::{
+    Backend, BackendError, CheckResult, FailureCounter, ReadJob, Readback, Scope, ServiceKey,
+    SyncReport, Upkeep,
+};
 use crate::model::Snapshot;
 use exec::{NftError, NftExecutor};
 use ownership::Index;
@@ -274,6 +277,43 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
         self.applied = None;
         self.held_at = None;
         Ok(removed)
+    }
+
+    fn upkeep(&self) -> Upkeep {
+        Upkeep {
+            commit_notifications: true,
+            read_back: true,
+            canary: false,
+        }
+    }
+
+    fn kernel_unchanged(&mut self) -> bool {
+        NftBackend::kernel_unchanged(self)
+    }
+
+    fn begin_check(&mut self) -> Option<ReadJob> {
+        let read = self.exec.background_read()?;
+        if !self.begin_verify() {
+            return None;
+        }
+        Some(Box::new(move || {
+            read()
+                .map(|r| Readback(Box::new(r)))
+                .map_err(BackendError::from)
+        }))
+    }
+
+    fn finish_check(&mut self, read: &Readback) -> Option<CheckResult> {
+        let (kernel, generation) = read.0.downcast_ref::<(Ruleset, Option<u32>)>()?;
+        let differences = self.finish_verify(kernel, *generation)?;
+        Some(CheckResult {
+            differences,
+            consistent: generation.is_some(),
+        })
+    }
+
+    fn failure_counter(&self) -> Option<FailureCounter> {
+        Some(FailureCounter::NftablesSync)
     }
 }
 

@@ -58,9 +58,6 @@ impl Recent {
     }
 }
 
-/// Up to this many differences are spelled out in a summary; the rest are counted.
-const SHOWN: usize = 5;
-
 /// How `kernel` differs from `committed`, leaving out what `recent` commits touched; empty
 /// when the kernel holds what we programmed.
 pub fn differences(kernel: &Ruleset, committed: &Ruleset, recent: &Recent) -> Vec<String> {
@@ -149,20 +146,6 @@ fn side_by_side<'a, K: Ord, V>(
             }
         },
     })
-}
-
-/// The first few differences on one line, for a log.
-pub fn summary(differences: &[String]) -> String {
-    let mut text = differences
-        .iter()
-        .take(SHOWN)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join("; ");
-    if differences.len() > SHOWN {
-        text.push_str(&format!("; and {} more", differences.len() - SHOWN));
-    }
-    text
 }
 
 #[cfg(test)]
