@@ -19,8 +19,9 @@ use crate::config::{ProxyConfig, ProxyMode};
 use crate::manifests::ManifestError;
 use crate::nodeaddr::Interfaces;
 use dataplane::backend::{Backend, BackendError, FailureCounter, Readback, Scope, SyncReport};
-use dataplane::conntrack::{self, Ctnetlink, UdpFrontends};
+use dataplane::conntrack::{self, Conntrack, Ctnetlink, UdpFrontends};
 use dataplane::model::IpFamily;
+use dataplane::nft::netlink::NetlinkError;
 use health::Health;
 use kernel_checks::watch_commits;
 use metrics::{family_label, Metrics};
@@ -189,6 +190,7 @@ async fn run_async(
             limits("health-check node ports"),
         ),
         udp_frontends: UdpFrontends::default(),
+        conntrack: Box::new(ctnetlink),
         health,
         unsynced: Changes::default(),
         checked_tx,
@@ -264,9 +266,19 @@ struct Agent {
     service_health: service_health::Servers,
     /// The UDP front ends as of the last conntrack cleanup.
     udp_frontends: UdpFrontends,
+    /// Opens the conntrack table the cleanup deletes stale UDP flows from.
+    conntrack: OpenConntrack,
     /// Until the first successful sync: the mode whose rules other modes' leftovers give
     /// way to.
     leftovers: Option<ProxyMode>,
+}
+
+/// Opens the node's conntrack table (ctnetlink); a fake in the agent's unit tests.
+type OpenConntrack = Box<dyn Fn() -> Result<Box<dyn Conntrack>, NetlinkError> + Send>;
+
+/// The real conntrack table, over ctnetlink in the agent's network namespace.
+fn ctnetlink() -> Result<Box<dyn Conntrack>, NetlinkError> {
+    Ok(Box::new(Ctnetlink::open()?))
 }
 
 /// The kernel as a background read found it (and the generation it was read at, if no
@@ -530,11 +542,12 @@ impl Agent {
         }
         let previous = &self.udp_frontends;
         let metrics = &self.metrics;
+        let open = &self.conntrack;
         let result = tokio::task::block_in_place(|| {
-            let mut ct = Ctnetlink::open()?;
+            let mut ct = open()?;
             IpFamily::ALL.into_iter().try_fold(0, |total, family| {
                 let started = Instant::now();
-                let n = conntrack::clean_family(&mut ct, family, &now, previous)?;
+                let n = conntrack::clean_family(ct.as_mut(), family, &now, previous)?;
                 let label = family_label(family);
                 metrics
                     .conntrack_reconcile
@@ -544,7 +557,7 @@ impl Agent {
                     .conntrack_deleted
                     .with_label_values(&[label])
                     .inc_by(n as u64);
-                Ok::<_, dataplane::nft::netlink::NetlinkError>(total + n)
+                Ok::<_, NetlinkError>(total + n)
             })
         });
         match result {
@@ -607,3 +620,6 @@ fn unix_seconds(t: SystemTime) -> f64 {
         .unwrap_or(Duration::ZERO)
         .as_secs_f64()
 }
+
+#[cfg(test)]
+mod tests;
