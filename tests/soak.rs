@@ -448,12 +448,14 @@ fn soak_under_churn_kills_outages_and_flushes() {
         outcomes.len() > secs as usize * 10,
         "too few connections: {text}"
     );
-    // A flush is repaired, and a change made while the API server was away applied, within
-    // two seconds (one is the agent's minSyncPeriod); a restarted agent serves a new
-    // service within its start-up plus a cold sync.
-    assert!(worst("Flush") <= 2.0, "{text}");
-    assert!(worst("ApiOutage") <= 3.0, "{text}");
-    assert!(worst("Kill") <= 15.0, "{text}");
+    // A flush is repaired within a second and a half (the commit notification starts the
+    // repair at once; under churn the full sync may wait for minSyncPeriod, 1 s, after the
+    // last partial one). A change made while the API server was away is applied within the
+    // watch's reconnect (at most 1 s) plus minSyncPeriod. A restarted agent serves a new
+    // service within its start-up and a cold sync.
+    assert!(worst("Flush") <= 1.5, "{text}");
+    assert!(worst("ApiOutage") <= 2.5, "{text}");
+    assert!(worst("Kill") <= 10.0, "{text}");
     assert!(
         slope.abs() <= 5.0,
         "memory climbs: {slope:.2} MiB/min\n{text}"
