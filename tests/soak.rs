@@ -23,136 +23,13 @@ mod netns;
 #[allow(dead_code)]
 mod apiserver;
 
+mod apinode;
+use apinode::{cluster_ip, connect, service, slice, until_answers, Agent};
+
 use serde_json::{json, Value};
-use std::io::Read;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// Addresses of the "pods": local to the node, on a veth link, each serving port 8080.
-const PODS: [&str; 4] = ["10.180.0.1", "10.180.0.2", "10.180.0.3", "10.180.0.4"];
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn cluster_ip(i: usize) -> Ipv4Addr {
-    Ipv4Addr::new(10, 96, (i / 250) as u8, (i % 250 + 1) as u8)
-}
-
-fn service(i: usize) -> Value {
-    let ip = cluster_ip(i).to_string();
-    json!({"apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": format!("svc-{i}"), "namespace": "soak"},
-        "spec": {"clusterIP": ip, "clusterIPs": [ip],
-            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}})
-}
-
-fn slice(i: usize, generation: usize) -> Value {
-    // Two of the four pods, moving with each generation: every endpoint always serves.
-    let eps: Vec<Value> = [generation % 4, (generation + 1) % 4]
-        .iter()
-        .map(|p| json!({"addresses": [PODS[*p]], "conditions": {"ready": true}}))
-        .collect();
-    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("svc-{i}-1"), "namespace": "soak",
-            "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}], "endpoints": eps})
-}
-
-/// The node namespace, removed on drop.
-struct Node(String);
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        netns::delete_namespace(&self.0);
-    }
-}
-
-impl Node {
-    fn exec(&self, program: &str, args: &[&str]) -> netns::CmdOutput {
-        let mut all = vec!["netns", "exec", &self.0, program];
-        all.extend_from_slice(args);
-        netns::run("ip", &all, None, netns::CMD_TIMEOUT)
-    }
-}
-
-/// One connection to a service: true when its pod answered within `timeout` (a SYN with
-/// no rules to meet is dropped, and only the timeout ends the attempt).
-fn connect(ns: &str, to: Ipv4Addr, timeout: Duration) -> bool {
-    let r = netns::in_netns(ns, || {
-        let mut s = TcpStream::connect_timeout(&SocketAddr::new(to.into(), 80), timeout)?;
-        s.set_read_timeout(Some(Duration::from_secs(1)))?;
-        let mut buf = String::new();
-        s.read_to_string(&mut buf)?;
-        Ok(buf)
-    });
-    matches!(r, Ok(b) if b == "ok\n")
-}
-
-/// Waits (bounded by `limit`) until a connection to `to` succeeds; how long it took.
-fn until_answers(ns: &str, to: Ipv4Addr, limit: Duration) -> Option<Duration> {
-    let t0 = Instant::now();
-    while t0.elapsed() < limit {
-        // A local pod answers within a millisecond; a short timeout keeps the measure fine.
-        if connect(ns, to, Duration::from_millis(50)) {
-            return Some(t0.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
-struct Agent {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Agent {
-    fn start(ns: &str, dir: &std::path::Path, n: usize) -> Agent {
-        let log = dir.join(format!("agent-{n}.log"));
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_switchyard"), "run"])
-            .arg("--config")
-            .arg(dir.join("config.yaml"))
-            .arg("--kubeconfig")
-            .arg(dir.join("kubeconfig"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start the agent");
-        Agent { child, log }
-    }
-
-    fn rss_mib(&self) -> Option<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let kib: f64 = status
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))?
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()?;
-        Some(kib / 1024.0)
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
 
 /// Least-squares slope of (seconds, MiB), in MiB per minute.
 fn slope_per_minute(points: &[(f64, f64)]) -> f64 {
@@ -173,6 +50,13 @@ fn slope_per_minute(points: &[(f64, f64)]) -> f64 {
     }
 }
 
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Fault {
     Kill,
@@ -185,70 +69,18 @@ fn soak_under_churn_kills_outages_and_flushes() {
     let secs = env_or("SWITCHYARD_SOAK_SECS", 180);
     let services = env_or("SWITCHYARD_SOAK_SERVICES", 1000) as usize;
     let rate = env_or("SWITCHYARD_SOAK_RATE", 50);
-    let ns = format!("{}soak", netns::unique_prefix());
-    if let Err(e) = netns::create_namespace(&ns) {
-        assert!(
-            std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
-            "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
-        );
-        println!("SKIP: needs root and network namespaces: {e}");
+    let Some(local) = apinode::LocalNode::new("soak", services) else {
         return;
-    }
-    let node = Node(ns.clone());
-    // A veth pair stands in for the pod network (this kernel may lack the dummy driver).
-    let mut lines = vec![
-        "link add sy0 type veth peer name sy1".to_string(),
-        "link set sy0 up".into(),
-        "link set sy1 up".into(),
-    ];
-    lines.extend(PODS.iter().map(|p| format!("addr add {p}/32 dev sy0")));
-    lines.push("route add 10.96.0.0/16 dev sy0".into());
-    netns::ip_batch(&ns, &lines);
-
-    // The pods: one listener per address, answering "ok"; they stop after the client.
-    let stop = Arc::new(AtomicBool::new(false));
-    let pods_stop = Arc::new(AtomicBool::new(false));
-    for pod in PODS {
-        let listener = netns::in_netns(&ns, || TcpListener::bind((pod, 8080))).unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let stop = pods_stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((mut s, _)) => {
-                        let _ = std::io::Write::write_all(&mut s, b"ok\n");
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(1)),
-                }
-            }
-        });
-    }
-
-    let api = {
-        let ns = ns.clone();
-        apiserver::ApiServer::start(move || {
-            netns::in_netns(&ns, || TcpListener::bind("127.0.0.1:6443")).unwrap()
-        })
     };
-    api.apply(
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
-        "status": {"addresses": [{"type": "InternalIP", "address": "10.180.0.254"}]}}),
+    let (ns, api, dir, node) = (
+        local.ns().to_string(),
+        local.api.clone(),
+        local.dir.path(),
+        &local.node,
     );
-    for i in 0..services {
-        api.apply(service(i));
-        api.apply(slice(i, i));
-    }
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("kubeconfig"), api.kubeconfig()).unwrap();
-    std::fs::write(
-        dir.path().join("config.yaml"),
-        "kind: KubeProxyConfiguration\napiVersion: kubeproxy.config.k8s.io/v1alpha1\n\
-         mode: nftables\nhostnameOverride: node-a\nminSyncPeriod: 1s\nsyncPeriod: 30s\n\
-         healthzBindAddress: 127.0.0.1:10256\nmetricsBindAddress: 127.0.0.1:10249\n",
-    )
-    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
     let mut agents = 0;
-    let mut agent = Agent::start(&ns, dir.path(), agents);
+    let mut agent = Agent::start(&ns, dir, agents);
     let first = until_answers(&ns, cluster_ip(services - 1), Duration::from_secs(120));
     assert!(
         first.is_some(),
@@ -263,7 +95,6 @@ fn soak_under_churn_kills_outages_and_flushes() {
     // Churn and the client run on their own threads for the whole soak.
     let t0 = Instant::now();
     let changes = Arc::new(AtomicU64::new(0));
-    let api = Arc::new(api);
     let churn = {
         let (api, stop, changes) = (api.clone(), stop.clone(), changes.clone());
         std::thread::spawn(move || {
@@ -347,7 +178,7 @@ fn soak_under_churn_kills_outages_and_flushes() {
             Fault::Kill => {
                 agent.kill9();
                 agents += 1;
-                agent = Agent::start(&ns, dir.path(), agents);
+                agent = Agent::start(&ns, dir, agents);
                 // Recovered when a service created after the restart answers.
                 let ip = fresh_service(&api);
                 until_answers(&ns, ip, Duration::from_secs(60))
@@ -378,7 +209,6 @@ fn soak_under_churn_kills_outages_and_flushes() {
     stop.store(true, Ordering::Relaxed);
     churn.join().unwrap();
     client.join().unwrap();
-    pods_stop.store(true, Ordering::Relaxed);
 
     let outcomes = outcomes.lock().unwrap().clone();
     // A connection begun in the moment between a flush and its repair has no rules to meet.

@@ -38,6 +38,22 @@ struct State {
     objects: BTreeMap<String, BTreeMap<String, Value>>,
     /// Requests seen, for assertions: (path with query).
     requests: Vec<String>,
+    /// Faults for the next requests, first first.
+    faults: std::collections::VecDeque<Fault>,
+}
+
+/// What a real API server (or what sits between it and the node) does wrong now and then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// 500 Internal Server Error with a Status body.
+    Status500,
+    /// 200 OK whose body is not JSON.
+    Garbage,
+    /// A list cut short (Content-Length promises more than comes) or a watch stream cut in
+    /// the middle of an event.
+    Truncated,
+    /// The answer, correct, after this long.
+    Slow(Duration),
 }
 
 struct Shared {
@@ -128,6 +144,17 @@ impl ApiServer {
                 }
             }
         });
+    }
+
+    /// The next `n` requests (of any collection) meet `fault`.
+    pub fn inject(&self, fault: Fault, n: usize) {
+        let mut st = self.shared.state.lock().unwrap();
+        st.faults.extend(std::iter::repeat_n(fault, n));
+    }
+
+    /// Faults injected and not met yet.
+    pub fn faults_pending(&self) -> usize {
+        self.shared.state.lock().unwrap().faults.len()
     }
 
     /// Drop every connection and refuse new ones until `resume`.
@@ -325,7 +352,42 @@ fn answer(mut stream: TcpStream, shared: Arc<Shared>, generation: u64) {
         }
     }
     let target = line.split_whitespace().nth(1).unwrap_or("/").to_string();
-    shared.state.lock().unwrap().requests.push(target.clone());
+    let fault = {
+        let mut st = shared.state.lock().unwrap();
+        st.requests.push(target.clone());
+        st.faults.pop_front()
+    };
+    let watch = target.contains("watch=true");
+    match fault {
+        None => {}
+        Some(Fault::Slow(d)) => std::thread::sleep(d),
+        Some(Fault::Status500) => {
+            let body = json!({"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",
+                "message":"etcdserver: request timed out","reason":"InternalError","code":500})
+            .to_string();
+            let _ = write_head(&mut stream, "500 Internal Server Error", false, body.len())
+                .and_then(|_| stream.write_all(body.as_bytes()));
+            return;
+        }
+        Some(Fault::Garbage) => {
+            let body = "<html>502 bad gateway \u{0} {\"kind\":";
+            let _ = write_head(&mut stream, "200 OK", false, body.len())
+                .and_then(|_| stream.write_all(body.as_bytes()));
+            return;
+        }
+        Some(Fault::Truncated) if watch => {
+            let _ = write_head(&mut stream, "200 OK", true, 0).and_then(|_| {
+                stream.write_all(b"40\r\n{\"type\":\"ADDED\",\"object\":{\"kind\":\"Serv")
+            });
+            return;
+        }
+        Some(Fault::Truncated) => {
+            let body = r#"{"kind":"ServiceList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[{"#;
+            let _ = write_head(&mut stream, "200 OK", false, body.len() + 4096)
+                .and_then(|_| stream.write_all(body.as_bytes()));
+            return;
+        }
+    }
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let params: BTreeMap<String, String> = query
         .split('&')
