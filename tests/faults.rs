@@ -140,3 +140,152 @@ fn api_server_faults_leave_the_rules_serving_are_counted_and_pass() {
     );
     assert!(connect(node.ns(), cluster_ip(0), Duration::from_secs(1)));
 }
+
+/// Services `range` in namespace `ns`, each with one slice, as one `kind: List` manifest.
+fn manifest(ns: &str, range: std::ops::Range<usize>) -> String {
+    let mut items = Vec::new();
+    for i in range {
+        let mut s = service(i);
+        s["metadata"]["namespace"] = json!(ns);
+        let mut e = slice(i, i);
+        e["metadata"]["namespace"] = json!(ns);
+        items.push(s);
+        items.push(e);
+    }
+    json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+}
+
+/// How many of a sample of `range`'s services answer.
+fn answering(ns: &str, range: std::ops::Range<usize>) -> (usize, usize) {
+    let step = (range.len() / 12).max(1);
+    let sample: Vec<usize> = range.clone().step_by(step).chain([range.end - 1]).collect();
+    let ok = sample
+        .iter()
+        .filter(|i| connect(ns, cluster_ip(**i), Duration::from_millis(100)))
+        .count();
+    (ok, sample.len())
+}
+
+/// SIGKILL at points spread over a cold sync that replaces one cluster (A) by a larger one
+/// (B): after each kill the node serves A whole or B whole, never a mix or nothing, and an
+/// agent started again converges on B. nftables mode commits one transaction (written whole
+/// to a file before nft reads it); iptables mode one restore per family.
+fn killed_during_a_cold_sync(mode: &str) {
+    let Some(node) = LocalNode::new(&format!("kill{}", &mode[..3]), 0) else {
+        return;
+    };
+    let ns = node.ns().to_string();
+    let dir = node.dir.path();
+    let (a, b) = (0..100, 1000..4000);
+    std::fs::write(dir.join("a.json"), manifest("a", a.clone())).unwrap();
+    std::fs::write(dir.join("b.json"), manifest("b", b.clone())).unwrap();
+    let cfg = dir.join("kill.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "kind: KubeProxyConfiguration\napiVersion: kubeproxy.config.k8s.io/v1alpha1\n\
+             mode: {mode}\nhostnameOverride: node-a\nminSyncPeriod: 0s\nsyncPeriod: 30s\n\
+             healthzBindAddress: \"\"\nmetricsBindAddress: \"\"\n"
+        ),
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_switchyard");
+    let program_a = || {
+        let out = node.node.exec(
+            bin,
+            &[
+                "sync",
+                "--once",
+                "--full",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--manifests",
+                dir.join("a.json").to_str().unwrap(),
+            ],
+        );
+        assert!(out.success(), "{}", out.transcript());
+        assert_eq!(
+            answering(&ns, a.clone()),
+            answering_all(&a),
+            "A after sync --once"
+        );
+    };
+    let start_b = |n: usize| {
+        let log = dir.join(format!("kill-{n}.log"));
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, bin, "run", "--config"])
+            .arg(&cfg)
+            .arg("--manifests")
+            .arg(dir.join("b.json"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        (child, log)
+    };
+    // How long the cold sync from A to B takes, uninterrupted.
+    program_a();
+    let t0 = Instant::now();
+    let (mut child, log) = start_b(0);
+    let done = until_answers(&ns, cluster_ip(b.end - 1), Duration::from_secs(120));
+    let cold = t0.elapsed();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        done.is_some(),
+        "B never programmed\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    println!("{mode}: cold sync A -> B in {:.2} s", cold.as_secs_f64());
+
+    let mut outcomes = Vec::new();
+    for k in 1..=5u32 {
+        program_a();
+        let (mut child, log) = start_b(k as usize);
+        std::thread::sleep(cold * k / 6);
+        let _ = child.kill();
+        let _ = child.wait();
+        // Whatever the agent had started (nft reading its file, a restore) ends by itself.
+        std::thread::sleep(Duration::from_millis(500));
+        let (on_a, on_b) = (answering(&ns, a.clone()), answering(&ns, b.clone()));
+        let whole_a = on_a == answering_all(&a) && on_b.0 == 0;
+        let whole_b = on_b == answering_all(&b) && on_a.0 == 0;
+        outcomes.push(format!(
+            "kill at {}/6: A {}/{}, B {}/{}",
+            k, on_a.0, on_a.1, on_b.0, on_b.1
+        ));
+        assert!(
+            whole_a || whole_b,
+            "{mode}: after a kill at {k}/6 of the cold sync, A answers {on_a:?} and B {on_b:?}\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+    println!("{mode}: {outcomes:?}");
+    // Started again, the agent converges on B.
+    let (mut child, log) = start_b(9);
+    let converged = until_answers(&ns, cluster_ip(b.end - 1), Duration::from_secs(120));
+    let on_a = answering(&ns, a.clone());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        converged.is_some() && on_a.0 == 0,
+        "{mode}: no convergence on B (A {on_a:?})\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+/// Every sampled service of `range` answering.
+fn answering_all(range: &std::ops::Range<usize>) -> (usize, usize) {
+    let n = range.clone().step_by((range.len() / 12).max(1)).count() + 1;
+    (n, n)
+}
+
+#[test]
+fn nftables_killed_during_a_cold_sync_serves_the_old_rules_or_the_new_whole() {
+    killed_during_a_cold_sync("nftables");
+}
+
+#[test]
+fn iptables_killed_during_a_cold_sync_serves_the_old_rules_or_the_new_whole() {
+    killed_during_a_cold_sync("iptables");
+}
