@@ -645,3 +645,41 @@ fn half_closed_requests_are_answered() {
     }
     drop(rt);
 }
+/// Found by `fuzz_config_file`: `clientConnection.qps: 1.0e-30` was taken, and the API
+/// client's rate limit panicked once the burst was spent (a wait of 1e30 s does not fit a
+/// `Duration`); `--kube-api-qps=1e-30` did the same. Such a rate now waits for ever.
+#[test]
+fn a_tiny_qps_waits_for_ever_instead_of_panicking() {
+    let input = b"apiVersion: kubeproxy.config.k8s.io/v1alpha1\nclientConnection:\n  qps: 1.0e-30\nkind: KubeProxyConfiguration\n";
+    check_config(&Bytes(input.to_vec())).unwrap();
+    let (from_file, _) = config::parse(std::str::from_utf8(input).unwrap(), "f").unwrap();
+    let from_flags = kube_proxy_cli::invocation(&["--kube-api-qps=1e-30".to_string()])
+        .unwrap()
+        .config;
+    for cfg in [from_file, from_flags] {
+        let bucket = TokenBucket::new(cfg.client.qps, cfg.client.burst);
+        let now = std::time::Instant::now();
+        for _ in 0..cfg.client.burst {
+            assert_eq!(bucket.reserve(now), Duration::ZERO);
+        }
+        assert_eq!(bucket.reserve(now), Duration::MAX);
+    }
+}
+/// Found by `fuzz_config_file`: `clientConnection.qps: 1.0e-46`, below what a float32 holds,
+/// became 0, which the API client takes for no limit at all (and `--write-config-to` wrote
+/// 0, read back as the default). kube-proxy reads it as zero, its "unset": the default, 5.
+/// A qps past float32, which kube-proxy refuses, is now refused too, naming the field.
+#[test]
+fn a_qps_outside_float32_is_read_as_kube_proxy_reads_it() {
+    let input = b"apiVersion: kubeproxy.config.k8s.io/v1alpha1\nclientConnection:\n  qps: 1.0e-46\nkind: KubeProxyConfiguration\n";
+    check_config(&Bytes(input.to_vec())).unwrap();
+    let (cfg, _) = config::parse(std::str::from_utf8(input).unwrap(), "f").unwrap();
+    assert_eq!(cfg.client.qps, 5.0);
+    let e = config::parse("clientConnection:\n  qps: 1.0e39\n", "f")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("field clientConnection.qps") && e.contains("32-bit"),
+        "{e}"
+    );
+}

@@ -444,8 +444,14 @@ fn read_client_connection(
         if !q.is_finite() || q < 0.0 {
             return Err(cc.err("qps", format!("{q} is not a non-negative number")));
         }
-        if q > 0.0 {
-            cfg.client.qps = q as f32;
+        // kube-proxy's qps is a float32: a value past its range is an error there, and one
+        // too small for it reads as zero, kube-proxy's "unset" (the default), not "no limit".
+        let q32 = q as f32;
+        if q32.is_infinite() {
+            return Err(cc.err("qps", format!("{q} is too large for a 32-bit float")));
+        }
+        if q32 > 0.0 {
+            cfg.client.qps = q32;
         }
     }
     if let Some(b) = cc.int32("burst")? {
