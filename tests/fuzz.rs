@@ -626,6 +626,7 @@ fn fuzz_http_request_path() {
 }
 
 // Regression tests: each input the fuzzing found to fail, exactly as it was found.
+
 /// Found by `fuzz_http_request_path`: a client that shuts down its sending side right after
 /// its request (the fuzz target's every request) sometimes got no answer at all, since hyper
 /// dropped a connection on the end of its input while the answer was still to be written
@@ -645,6 +646,7 @@ fn half_closed_requests_are_answered() {
     }
     drop(rt);
 }
+
 /// Found by `fuzz_config_file`: `clientConnection.qps: 1.0e-30` was taken, and the API
 /// client's rate limit panicked once the burst was spent (a wait of 1e30 s does not fit a
 /// `Duration`); `--kube-api-qps=1e-30` did the same. Such a rate now waits for ever.
@@ -665,6 +667,7 @@ fn a_tiny_qps_waits_for_ever_instead_of_panicking() {
         assert_eq!(bucket.reserve(now), Duration::MAX);
     }
 }
+
 /// Found by `fuzz_config_file`: `clientConnection.qps: 1.0e-46`, below what a float32 holds,
 /// became 0, which the API client takes for no limit at all (and `--write-config-to` wrote
 /// 0, read back as the default). kube-proxy reads it as zero, its "unset": the default, 5.
@@ -682,4 +685,17 @@ fn a_qps_outside_float32_is_read_as_kube_proxy_reads_it() {
         e.contains("field clientConnection.qps") && e.contains("32-bit"),
         "{e}"
     );
+}
+
+/// Found by `fuzz_config_file`: a `logging.vmodule` verbosity past uint32 (kube-proxy's type,
+/// which refuses it) was taken, and written back by `--write-config-to` as 0. It is now an
+/// error naming the field.
+#[test]
+fn a_vmodule_verbosity_past_uint32_is_an_error() {
+    let input = b"apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nlogging:\n  options: {}\n  vmodule:\n  - filePattern: web\n    verbosity: 18446744073709551615\n";
+    check_config(&Bytes(input.to_vec())).unwrap();
+    let e = config::parse(std::str::from_utf8(input).unwrap(), "f")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("field logging.vmodule[0].verbosity"), "{e}");
 }

@@ -521,6 +521,13 @@ fn read_logging(
                 ) else {
                     return Err(l.err(&field, "expected {filePattern: string, verbosity: integer}"));
                 };
+                // A verbosity level is a uint32 in kube-proxy.
+                let v = u32::try_from(v).map_err(|_| {
+                    l.err(
+                        &format!("{field}.verbosity"),
+                        format!("{v} is not a verbosity level (0..{})", u32::MAX),
+                    )
+                })?;
                 cfg.logging.vmodule.push(format!("{p}={v}"));
             }
         }
