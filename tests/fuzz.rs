@@ -699,3 +699,19 @@ fn a_vmodule_verbosity_past_uint32_is_an_error() {
         .to_string();
     assert!(e.contains("field logging.vmodule[0].verbosity"), "{e}");
 }
+
+/// Found by `fuzz_config_file`: `logging.flushFrequency` as an integer of nanoseconds took
+/// any u64, past Go's int64 Duration (kube-proxy refuses it), and `--write-config-to` then
+/// wrote `5124095h34m33.709551615s`, which does not read back. It is now an error naming the
+/// field.
+#[test]
+fn a_flush_frequency_past_int64_nanoseconds_is_an_error() {
+    let input = b"apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nlogging:\n  flushFrequency: 18446744073709551615\n  options: {}\n";
+    check_config(&Bytes(input.to_vec())).unwrap();
+    let e = config::parse(std::str::from_utf8(input).unwrap(), "f")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("field logging.flushFrequency"), "{e}");
+    let (cfg, _) = config::parse("logging:\n  flushFrequency: 9223372036854775807\n", "f").unwrap();
+    assert_eq!(cfg.logging.flush_frequency.as_nanos(), i64::MAX as u128);
+}

@@ -489,10 +489,16 @@ fn read_logging(
     // flushFrequency is a duration string, or (older files) an integer of nanoseconds.
     match l.get("flushFrequency") {
         None => {}
-        Some(Value::Number(n)) => match n.as_u64() {
+        // Nanoseconds as Go's time.Duration holds them: an int64 (at most 292 years).
+        Some(Value::Number(n)) => match n.as_u64().filter(|ns| i64::try_from(*ns).is_ok()) {
             Some(0) => {}
             Some(ns) => cfg.logging.flush_frequency = Duration::from_nanos(ns),
-            None => return Err(l.err("flushFrequency", "expected a duration")),
+            None => {
+                return Err(l.err(
+                    "flushFrequency",
+                    format!("{n} is not a duration: nanoseconds from 0 to {}", i64::MAX),
+                ))
+            }
         },
         Some(Value::String(_)) => {
             if let Some(d) = l.duration("flushFrequency")?.filter(|d| !d.is_zero()) {
