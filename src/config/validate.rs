@@ -62,6 +62,15 @@ pub fn validate(cfg: &ProxyConfig, origin: &str) -> Result<(), ConfigError> {
         }
         _ => {}
     }
+    // kube-proxy's client connection check. A file's negative burst is refused as it is
+    // read; `--kube-api-burst`'s is refused here.
+    if cfg.client.burst < 0 {
+        return Err(field_err(
+            origin,
+            "clientConnection.burst",
+            format!("{} must be non-negative", cfg.client.burst),
+        ));
+    }
     if cfg.sync_period.is_zero() {
         return Err(field_err(origin, "syncPeriod", "must be greater than 0"));
     }
