@@ -743,3 +743,34 @@ fn a_negative_burst_flag_is_refused() {
     assert!(e.contains("clientConnection.burst"), "{e}");
     assert!(kube_proxy_cli::invocation(&["--kube-api-burst=0".to_string()]).is_ok());
 }
+
+/// Found by `fuzz_kube_proxy_command_line`: `--conntrack-max-per-core=-1000` was taken
+/// (and so was a negative `--conntrack-min`), although kube-proxy's validation refuses both,
+/// as Switchyard did in a file; `--write-config-to` wrote a file that does not read back.
+/// Both are now refused, naming the field.
+#[test]
+fn negative_conntrack_flags_are_refused() {
+    let args: Vec<String> = [
+        "--proxy-mode=iptables",
+        "--cluster-cidr=10.244.0.0/16",
+        "--conntrack-max-per-core=0",
+        "--iptables-min-sync-period=0s",
+        "--kube-api-content-type=application/json",
+        "--hostname-override",
+        "node-a",
+        "-v=4",
+        "--logging-format=json",
+        "--feature-gates=AllowServiceExternalIPs=false",
+        "--nodeport-addresses=primary,10.0.0.0/8",
+        "--healthz-port=0",
+        "--conntrack-max-per-core=-1000",
+    ]
+    .map(String::from)
+    .to_vec();
+    let e = kube_proxy_cli::invocation(&args).unwrap_err().to_string();
+    assert!(e.contains("conntrack.maxPerCore"), "{e}");
+    let e = kube_proxy_cli::invocation(&["--conntrack-min=-1".to_string()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("conntrack.min"), "{e}");
+}
