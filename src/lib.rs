@@ -3,18 +3,22 @@
 //! the tests and the benchmarks share one build of them.
 #![forbid(unsafe_code)]
 
-mod agent;
+// Public for tests/fuzz.rs, which drives the health and metrics servers' request path.
+pub mod agent;
 mod backends;
 pub mod cli;
 pub mod commands;
-mod config;
-mod convert;
+// Public for tests/fuzz.rs, which fuzzes the KubeProxyConfiguration and duration parsers.
+pub mod config;
+// Public for tests/fuzz.rs, which converts the fuzzed manifests' objects to the model.
+pub mod convert;
 mod feature_gates;
 pub mod ipvs_link;
 pub mod kube_proxy_cli;
 mod leftovers;
 pub mod logging;
-mod manifests;
+// Public for tests/fuzz.rs, which fuzzes the manifest parser.
+pub mod manifests;
 mod node_setup;
 mod nodeaddr;
 mod rtnl;

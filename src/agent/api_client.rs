@@ -55,7 +55,9 @@ impl TokenBucket {
         if s.0 >= 0.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64(-s.0 / self.qps)
+            // A qps so small that the wait does not fit a Duration (1e-30) waits for ever,
+            // as asked, instead of panicking.
+            Duration::try_from_secs_f64(-s.0 / self.qps).unwrap_or(Duration::MAX)
         }
     }
 }

@@ -177,6 +177,12 @@ async fn connection(stream: TcpStream, slot: limit::Slot, route: Router, timeout
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(timeouts.header_read)
+        // A client may shut down its sending side once its request is out (`nc -N`, some
+        // load balancers' checks) and still read the answer, as Go's server gives it. Without
+        // this, hyper drops such a connection unanswered when it sees the end of input
+        // before the answer is written. A half-closed client that never reads is closed by
+        // the idle timeout like any other.
+        .half_close(true)
         .serve_connection(TokioIo::new(Watched::new(stream, activity.clone())), svc);
     tokio::select! {
         r = conn => match r {

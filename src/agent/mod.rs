@@ -11,7 +11,7 @@ mod kernel_checks;
 pub mod kube_source;
 pub mod metrics;
 pub mod schedule;
-mod servers;
+pub mod servers;
 pub mod service_health;
 pub mod store;
 

@@ -62,7 +62,7 @@ pub(super) async fn serve(
 
 /// The metrics address, as kube-proxy's serves it: `/metrics`, `/healthz` (a ping: the
 /// process answers), `/livez`, `/proxyMode` and `/configz`.
-pub(super) fn metrics_router(
+pub fn metrics_router(
     metrics: Metrics,
     health: Arc<Mutex<Health>>,
     mode: ProxyMode,
@@ -89,7 +89,7 @@ pub(super) fn metrics_router(
     })
 }
 
-pub(super) fn health_router(health: Arc<Mutex<Health>>, metrics: Metrics) -> http::Router {
+pub fn health_router(health: Arc<Mutex<Health>>, metrics: Metrics) -> http::Router {
     Arc::new(move |path| {
         let now = SystemTime::now();
         let (reply, counter) = {

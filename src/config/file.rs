@@ -444,8 +444,14 @@ fn read_client_connection(
         if !q.is_finite() || q < 0.0 {
             return Err(cc.err("qps", format!("{q} is not a non-negative number")));
         }
-        if q > 0.0 {
-            cfg.client.qps = q as f32;
+        // kube-proxy's qps is a float32: a value past its range is an error there, and one
+        // too small for it reads as zero, kube-proxy's "unset" (the default), not "no limit".
+        let q32 = q as f32;
+        if q32.is_infinite() {
+            return Err(cc.err("qps", format!("{q} is too large for a 32-bit float")));
+        }
+        if q32 > 0.0 {
+            cfg.client.qps = q32;
         }
     }
     if let Some(b) = cc.int32("burst")? {
@@ -483,10 +489,16 @@ fn read_logging(
     // flushFrequency is a duration string, or (older files) an integer of nanoseconds.
     match l.get("flushFrequency") {
         None => {}
-        Some(Value::Number(n)) => match n.as_u64() {
+        // Nanoseconds as Go's time.Duration holds them: an int64 (at most 292 years).
+        Some(Value::Number(n)) => match n.as_u64().filter(|ns| i64::try_from(*ns).is_ok()) {
             Some(0) => {}
             Some(ns) => cfg.logging.flush_frequency = Duration::from_nanos(ns),
-            None => return Err(l.err("flushFrequency", "expected a duration")),
+            None => {
+                return Err(l.err(
+                    "flushFrequency",
+                    format!("{n} is not a duration: nanoseconds from 0 to {}", i64::MAX),
+                ))
+            }
         },
         Some(Value::String(_)) => {
             if let Some(d) = l.duration("flushFrequency")?.filter(|d| !d.is_zero()) {
@@ -515,6 +527,13 @@ fn read_logging(
                 ) else {
                     return Err(l.err(&field, "expected {filePattern: string, verbosity: integer}"));
                 };
+                // A verbosity level is a uint32 in kube-proxy.
+                let v = u32::try_from(v).map_err(|_| {
+                    l.err(
+                        &format!("{field}.verbosity"),
+                        format!("{v} is not a verbosity level (0..{})", u32::MAX),
+                    )
+                })?;
                 cfg.logging.vmodule.push(format!("{p}={v}"));
             }
         }

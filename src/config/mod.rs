@@ -8,9 +8,7 @@ mod flags;
 pub mod v1alpha1;
 mod validate;
 
-#[cfg(test)]
-pub use file::parse;
-pub use file::{append_port_if_needed, load_file};
+pub use file::{append_port_if_needed, load_file, parse};
 pub use flags::{apply_flags, parse_iptables_backend};
 pub use validate::validate;
 

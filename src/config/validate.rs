@@ -62,6 +62,29 @@ pub fn validate(cfg: &ProxyConfig, origin: &str) -> Result<(), ConfigError> {
         }
         _ => {}
     }
+    // kube-proxy's client connection check. A file's negative burst is refused as it is
+    // read; `--kube-api-burst`'s is refused here.
+    if cfg.client.burst < 0 {
+        return Err(field_err(
+            origin,
+            "clientConnection.burst",
+            format!("{} must be non-negative", cfg.client.burst),
+        ));
+    }
+    // kube-proxy's conntrack check, likewise: `--conntrack-max-per-core` and
+    // `--conntrack-min` reach it here.
+    for (field, value) in [
+        ("conntrack.maxPerCore", cfg.conntrack.max_per_core),
+        ("conntrack.min", cfg.conntrack.min),
+    ] {
+        if let Some(v) = value.filter(|v| *v < 0) {
+            return Err(field_err(
+                origin,
+                field,
+                format!("{v} must be greater than or equal to 0"),
+            ));
+        }
+    }
     if cfg.sync_period.is_zero() {
         return Err(field_err(origin, "syncPeriod", "must be greater than 0"));
     }
