@@ -24,7 +24,9 @@ pub struct ClientMetrics {
     pub duration: HistogramVec,
 }
 
-/// A token bucket: `qps` tokens a second, at most `burst` saved. Zero qps: no limit.
+/// A token bucket: `qps` tokens a second, at most `burst` saved. As client-go builds its
+/// limiter (rest/config.go, RESTClientFor): a zero qps or burst means client-go's default
+/// (5 and 10), a negative qps no limit at all.
 #[derive(Debug)]
 pub struct TokenBucket {
     qps: f64,
@@ -34,7 +36,8 @@ pub struct TokenBucket {
 
 impl TokenBucket {
     pub fn new(qps: f32, burst: i32) -> TokenBucket {
-        let burst = f64::from(burst.max(1));
+        let qps = if qps == 0.0 { 5.0 } else { qps };
+        let burst = f64::from(if burst == 0 { 10 } else { burst.max(1) });
         TokenBucket {
             qps: f64::from(qps),
             burst,
@@ -154,6 +157,11 @@ mod tests {
             free += 1;
         }
         assert_eq!(free, 4);
-        assert_eq!(TokenBucket::new(0.0, 1).reserve(t0), Duration::ZERO);
+        // Zero is client-go's default (5 a second, 10 saved); only a negative qps is no limit.
+        let d = TokenBucket::new(0.0, 0);
+        assert!((0..10).all(|_| d.reserve(t0).is_zero()));
+        assert!(!d.reserve(t0).is_zero());
+        let unlimited = TokenBucket::new(-1.0, 1);
+        assert!((0..1000).all(|_| unlimited.reserve(t0).is_zero()));
     }
 }
