@@ -7,12 +7,13 @@
 //! Which entries are stale is pure ([`UdpFrontends`], [`UdpFrontends::stale`]); the kernel
 //! is reached over ctnetlink behind [`Conntrack`] ([`Ctnetlink`] is the real one). The
 //! `rtnetlink` crate has no conntrack messages and shelling out to `conntrack` costs a
-//! process per entry, so the few messages needed are written here on the nfnetlink socket
-//! the nftables reader already uses.
+//! process per entry, so the few messages needed are written here, on [`crate::netlink`]'s
+//! socket.
 
 use crate::model::{IpFamily, Protocol, Snapshot};
-use crate::nft::netlink::{
-    find, push_attr, NetlinkError, Reader, NFPROTO_IPV4, NFPROTO_IPV6, NLM_F_ACK, NLM_F_DUMP,
+use crate::netlink::{
+    be16, find, nested, nfproto, push_attr, NetlinkError, Request, Socket, NETLINK_NETFILTER,
+    NFNL_SUBSYS_CTNETLINK, NLM_F_ACK, NLM_F_DUMP,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -156,7 +157,6 @@ pub fn clean_family(
 }
 
 // linux/netfilter/nfnetlink_conntrack.h
-const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 const CTA_TUPLE_ORIG: u16 = 1;
@@ -171,16 +171,8 @@ const CTA_IP_V6_DST: u16 = 4;
 const CTA_PROTO_NUM: u16 = 1;
 const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
-const NLA_F_NESTED: u16 = 0x8000;
 const IPPROTO_UDP: u8 = 17;
 const ENOENT: i32 = 2;
-
-fn nfproto(family: IpFamily) -> u8 {
-    match family {
-        IpFamily::V4 => NFPROTO_IPV4,
-        IpFamily::V6 => NFPROTO_IPV6,
-    }
-}
 
 fn addr(data: &[u8]) -> Option<IpAddr> {
     match data.len() {
@@ -188,10 +180,6 @@ fn addr(data: &[u8]) -> Option<IpAddr> {
         16 => Some(IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(data).ok()?))),
         _ => None,
     }
-}
-
-fn be16(data: &[u8]) -> Option<u16> {
-    Some(u16::from_be_bytes(data.get(..2)?.try_into().ok()?))
 }
 
 /// (protocol, source, destination) of a CTA_TUPLE_* attribute.
@@ -261,10 +249,10 @@ fn delete_attrs(f: &Flow) -> Vec<u8> {
         &f.destination.port().to_be_bytes(),
     );
     let mut tuple = Vec::new();
-    push_attr(&mut tuple, CTA_TUPLE_IP | NLA_F_NESTED, &ip);
-    push_attr(&mut tuple, CTA_TUPLE_PROTO | NLA_F_NESTED, &proto);
+    nested(&mut tuple, CTA_TUPLE_IP, &ip);
+    nested(&mut tuple, CTA_TUPLE_PROTO, &proto);
     let mut out = Vec::new();
-    push_attr(&mut out, CTA_TUPLE_ORIG | NLA_F_NESTED, &tuple);
+    nested(&mut out, CTA_TUPLE_ORIG, &tuple);
     if f.zone != 0 {
         push_attr(&mut out, CTA_ZONE, &f.zone.to_be_bytes());
     }
@@ -273,13 +261,13 @@ fn delete_attrs(f: &Flow) -> Vec<u8> {
 
 /// Conntrack over ctnetlink, in the calling thread's network namespace.
 pub struct Ctnetlink {
-    socket: Reader,
+    socket: Socket,
 }
 
 impl Ctnetlink {
     pub fn open() -> Result<Ctnetlink, NetlinkError> {
         Ok(Ctnetlink {
-            socket: Reader::open()?,
+            socket: Socket::open(NETLINK_NETFILTER, "nfnetlink")?,
         })
     }
 }
@@ -291,32 +279,33 @@ impl Conntrack for Ctnetlink {
         keep: &dyn Fn(&Flow) -> bool,
     ) -> Result<Vec<Flow>, NetlinkError> {
         let mut flows = Vec::new();
-        self.socket.request_each(
-            "conntrack dump",
+        let dump = Request::nfnl(
             NFNL_SUBSYS_CTNETLINK,
             IPCTNL_MSG_CT_GET,
             NLM_F_DUMP,
             nfproto(family),
             &[],
-            &mut |body| {
+        );
+        self.socket
+            .request_each("conntrack dump", &dump, &mut |body| {
                 if let Some(f) = parse_flow(body).filter(|f| keep(f)) {
                     flows.push(f);
                 }
-            },
-        )?;
+            })?;
         Ok(flows)
     }
 
     fn delete(&mut self, flow: &Flow) -> Result<(), NetlinkError> {
         let family = IpFamily::of(&flow.destination.ip());
-        match self.socket.request_to(
-            "conntrack delete",
+        let attrs = delete_attrs(flow);
+        let delete = Request::nfnl(
             NFNL_SUBSYS_CTNETLINK,
             IPCTNL_MSG_CT_DELETE,
             NLM_F_ACK,
             nfproto(family),
-            &delete_attrs(flow),
-        ) {
+            &attrs,
+        );
+        match self.socket.request("conntrack delete", &delete) {
             Err(NetlinkError::Kernel { errno: ENOENT, .. }) | Ok(_) => Ok(()),
             Err(e) => Err(e),
         }
@@ -327,6 +316,7 @@ impl Conntrack for Ctnetlink {
 mod tests {
     use super::*;
     use crate::model::*;
+    use crate::netlink::NLA_F_NESTED;
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().unwrap()

@@ -544,7 +544,7 @@ impl Agent {
                     .conntrack_deleted
                     .with_label_values(&[label])
                     .inc_by(n as u64);
-                Ok::<_, dataplane::nft::netlink::NetlinkError>(total + n)
+                Ok::<_, dataplane::netlink::NetlinkError>(total + n)
             })
         });
         match result {
