@@ -113,6 +113,7 @@ pub const NFT_REG_1: u32 = 1;
 pub const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 pub const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 pub const NFT_CMP_EQ: u32 = 0;
+pub const NFT_CMP_NEQ: u32 = 1;
 pub const NFT_META_L4PROTO: u32 = 16;
 pub const NFT_JUMP: i32 = -3;
 pub const NFT_SET_INTERVAL: u32 = 0x4;
