@@ -12,11 +12,11 @@
 
 use crate::model::{IpFamily, Protocol, Snapshot};
 use crate::netlink::{
-    be16, find, nested, nfproto, push_attr, NetlinkError, Request, Socket, NETLINK_NETFILTER,
+    be16, find, ip, nested, nfproto, push_attr, NetlinkError, Request, Socket, NETLINK_NETFILTER,
     NFNL_SUBSYS_CTNETLINK, NLM_F_ACK, NLM_F_DUMP,
 };
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 /// One UDP conntrack entry: where the client sent, and where replies come from (the
 /// endpoint, when the flow was DNATed).
@@ -174,23 +174,15 @@ const CTA_PROTO_DST_PORT: u16 = 3;
 const IPPROTO_UDP: u8 = 17;
 const ENOENT: i32 = 2;
 
-fn addr(data: &[u8]) -> Option<IpAddr> {
-    match data.len() {
-        4 => Some(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(data).ok()?))),
-        16 => Some(IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(data).ok()?))),
-        _ => None,
-    }
-}
-
 /// (protocol, source, destination) of a CTA_TUPLE_* attribute.
 fn tuple(data: &[u8]) -> Option<(u8, SocketAddr, SocketAddr)> {
-    let ip = find(data, CTA_TUPLE_IP)?;
+    let addrs = find(data, CTA_TUPLE_IP)?;
     let proto = find(data, CTA_TUPLE_PROTO)?;
-    let (src, dst) = match (find(ip, CTA_IP_V4_SRC), find(ip, CTA_IP_V4_DST)) {
-        (Some(s), Some(d)) => (addr(s)?, addr(d)?),
+    let (src, dst) = match (find(addrs, CTA_IP_V4_SRC), find(addrs, CTA_IP_V4_DST)) {
+        (Some(s), Some(d)) => (ip(s)?, ip(d)?),
         _ => (
-            addr(find(ip, CTA_IP_V6_SRC)?)?,
-            addr(find(ip, CTA_IP_V6_DST)?)?,
+            ip(find(addrs, CTA_IP_V6_SRC)?)?,
+            ip(find(addrs, CTA_IP_V6_DST)?)?,
         ),
     };
     let num = *find(proto, CTA_PROTO_NUM)?.first()?;

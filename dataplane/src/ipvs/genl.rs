@@ -12,7 +12,7 @@
 
 use crate::model::{IpFamily, Protocol};
 use crate::netlink::{
-    be16, cstr, find, ne16, ne32, nested, push_attr, NetlinkError, Request, Socket,
+    be16, cstr, find, ne16, ne32, nested, push_attr, text, NetlinkError, Request, Socket,
     NETLINK_GENERIC, NLM_F_ACK, NLM_F_DUMP,
 };
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -300,13 +300,7 @@ pub fn decode_service(body: &[u8]) -> Result<Option<(ServiceId, ServiceSpec)>, S
         .and_then(|d| addr_of(family, d))
         .ok_or("no address")?;
     let port = find(svc, SVC_ATTR_PORT).and_then(be16).ok_or("no port")?;
-    let scheduler = find(svc, SVC_ATTR_SCHED_NAME)
-        .map(|d| {
-            String::from_utf8_lossy(d)
-                .trim_end_matches('\0')
-                .to_string()
-        })
-        .unwrap_or_default();
+    let scheduler = find(svc, SVC_ATTR_SCHED_NAME).map(text).unwrap_or_default();
     let flags = find(svc, SVC_ATTR_FLAGS).and_then(ne32).unwrap_or(0) & !SVC_F_HASHED;
     let timeout = find(svc, SVC_ATTR_TIMEOUT).and_then(ne32).unwrap_or(0);
     Ok(Some((

@@ -3,6 +3,7 @@
 
 use super::consts::NLA_F_NESTED;
 use netlink_packet_core::NlasIterator;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Attributes appended to a message as it is written. Nesting writes in place and patches
 /// the length afterwards, so a 100 MiB batch is never copied to be wrapped.
@@ -87,6 +88,15 @@ pub fn text(data: &[u8]) -> String {
     String::from_utf8_lossy(data)
         .trim_end_matches('\0')
         .to_string()
+}
+
+/// An address attribute: 4 bytes IPv4, 16 IPv6.
+pub fn ip(data: &[u8]) -> Option<IpAddr> {
+    match data.len() {
+        4 => Some(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(data).ok()?))),
+        16 => Some(IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(data).ok()?))),
+        _ => None,
+    }
 }
 
 pub fn be16(data: &[u8]) -> Option<u16> {

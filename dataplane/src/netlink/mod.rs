@@ -22,7 +22,9 @@ mod batch;
 mod consts;
 mod socket;
 
-pub use attr::{attrs, be16, be32, cstr, find, ne16, ne32, nested, push_attr, text, Attr, Attrs};
+pub use attr::{
+    attrs, be16, be32, cstr, find, ip, ne16, ne32, nested, push_attr, text, Attr, Attrs,
+};
 pub use batch::Batch;
 pub use consts::*;
 pub use socket::{message, nfgenmsg, Message, NetlinkError, Request, Socket};

@@ -288,16 +288,6 @@ impl Fields {
     }
 }
 
-fn addr(bytes: &[u8]) -> Option<IpAddr> {
-    match bytes.len() {
-        4 => Some(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(bytes).ok()?))),
-        16 => Some(IpAddr::V6(Ipv6Addr::from(
-            <[u8; 16]>::try_from(bytes).ok()?,
-        ))),
-        _ => None,
-    }
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -319,7 +309,7 @@ fn fields_text(bytes: &[u8], fields: &[Field], addr_len: usize) -> String {
             return hex(bytes);
         };
         parts.push(match f {
-            Field::Addr => match addr(b) {
+            Field::Addr => match ip(b) {
                 Some(a) => a.to_string(),
                 None => return hex(bytes),
             },
