@@ -10,9 +10,7 @@ use crate::netlink::{
     attrs, NetlinkError, Socket, NETLINK_NETFILTER, NFNLGRP_NFTABLES, NFNL_SUBSYS_NFTABLES,
     NFTA_ANY_TABLE,
 };
-
-/// errno ENOBUFS: the socket's queue overflowed and notifications were lost.
-const ENOBUFS: i32 = 105;
+use nix::errno::Errno::ENOBUFS;
 
 /// A subscription to the commit notifications of the calling thread's network namespace.
 pub struct Commits {
@@ -42,7 +40,7 @@ impl Commits {
                     }
                 }
                 Err(NetlinkError::Socket { error, .. })
-                    if error.raw_os_error() == Some(ENOBUFS) =>
+                    if error.raw_os_error() == Some(ENOBUFS as i32) =>
                 {
                     return Ok(1)
                 }
