@@ -272,34 +272,26 @@ impl Socket {
         let ack = request.flags & NLM_F_ACK != 0;
         let mut replies = 0usize;
         loop {
-            let mut errno = None;
+            let mut end = None;
             for m in self.receive(what)? {
                 if m.seq != seq {
                     continue;
                 }
-                if m.flags & NLM_F_DUMP_INTR != 0 {
-                    errno = Some(Err(()));
-                    break;
-                }
-                match (m.kind, m.errno) {
-                    (NLMSG_DONE, _) => {
-                        errno = Some(Ok(0));
-                        break;
-                    }
-                    (_, Some(e)) => {
-                        errno = Some(Ok(e));
-                        break;
-                    }
-                    _ => {
-                        replies += 1;
-                        each(m.body.get(4..).unwrap_or(&[]));
-                    }
-                }
+                end = Some(if m.flags & NLM_F_DUMP_INTR != 0 {
+                    Err(NetlinkError::Interrupted { op: self.op(what) })
+                } else if m.kind == NLMSG_DONE || m.errno == Some(0) {
+                    Ok(())
+                } else if let Some(errno) = m.errno {
+                    Err(self.kernel_error(what, errno))
+                } else {
+                    replies += 1;
+                    each(m.body.get(4..).unwrap_or(&[]));
+                    continue;
+                });
+                break;
             }
-            match errno {
-                Some(Ok(0)) => return Ok(()),
-                Some(Ok(e)) => return Err(self.kernel_error(what, e)),
-                Some(Err(())) => return Err(NetlinkError::Interrupted { op: self.op(what) }),
+            match end {
+                Some(result) => return result,
                 None if !dump && !ack && replies > 0 => return Ok(()),
                 None => {}
             }
