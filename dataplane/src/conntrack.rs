@@ -12,7 +12,7 @@
 
 use crate::model::{IpFamily, Protocol, Snapshot};
 use crate::netlink::{
-    be16, find, ip, nested, nfproto, push_attr, NetlinkError, Request, Socket, NETLINK_NETFILTER,
+    be16, find, ip, nfproto, Attrs, NetlinkError, Request, Socket, NETLINK_NETFILTER,
     NFNL_SUBSYS_CTNETLINK, NLM_F_ACK, NLM_F_DUMP,
 };
 use std::collections::{BTreeMap, BTreeSet};
@@ -213,40 +213,33 @@ fn parse_flow(body: &[u8]) -> Option<Flow> {
 
 /// The CTA_TUPLE_ORIG that names a flow for deletion.
 fn delete_attrs(f: &Flow) -> Vec<u8> {
-    let mut ip = Vec::new();
-    match (f.source.ip(), f.destination.ip()) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            push_attr(&mut ip, CTA_IP_V4_SRC, &s.octets());
-            push_attr(&mut ip, CTA_IP_V4_DST, &d.octets());
-        }
-        (s, d) => {
-            let v6 = |a: IpAddr| match a {
-                IpAddr::V6(a) => a.octets(),
-                IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-            };
-            push_attr(&mut ip, CTA_IP_V6_SRC, &v6(s));
-            push_attr(&mut ip, CTA_IP_V6_DST, &v6(d));
-        }
-    }
-    let mut proto = Vec::new();
-    push_attr(&mut proto, CTA_PROTO_NUM, &[IPPROTO_UDP]);
-    push_attr(
-        &mut proto,
-        CTA_PROTO_SRC_PORT,
-        &f.source.port().to_be_bytes(),
-    );
-    push_attr(
-        &mut proto,
-        CTA_PROTO_DST_PORT,
-        &f.destination.port().to_be_bytes(),
-    );
-    let mut tuple = Vec::new();
-    nested(&mut tuple, CTA_TUPLE_IP, &ip);
-    nested(&mut tuple, CTA_TUPLE_PROTO, &proto);
     let mut out = Vec::new();
-    nested(&mut out, CTA_TUPLE_ORIG, &tuple);
+    let mut a = Attrs(&mut out);
+    a.nest(CTA_TUPLE_ORIG, |tuple| {
+        tuple.nest(CTA_TUPLE_IP, |ip| {
+            match (f.source.ip(), f.destination.ip()) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => {
+                    ip.put(CTA_IP_V4_SRC, &s.octets());
+                    ip.put(CTA_IP_V4_DST, &d.octets());
+                }
+                (s, d) => {
+                    let v6 = |a: IpAddr| match a {
+                        IpAddr::V6(a) => a.octets(),
+                        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+                    };
+                    ip.put(CTA_IP_V6_SRC, &v6(s));
+                    ip.put(CTA_IP_V6_DST, &v6(d));
+                }
+            }
+        });
+        tuple.nest(CTA_TUPLE_PROTO, |proto| {
+            proto.put(CTA_PROTO_NUM, &[IPPROTO_UDP]);
+            proto.put(CTA_PROTO_SRC_PORT, &f.source.port().to_be_bytes());
+            proto.put(CTA_PROTO_DST_PORT, &f.destination.port().to_be_bytes());
+        });
+    });
     if f.zone != 0 {
-        push_attr(&mut out, CTA_ZONE, &f.zone.to_be_bytes());
+        a.put(CTA_ZONE, &f.zone.to_be_bytes());
     }
     out
 }

@@ -12,7 +12,7 @@
 
 use crate::model::{IpFamily, Protocol};
 use crate::netlink::{
-    be16, cstr, find, ne16, ne32, nested, push_attr, text, NetlinkError, Request, Socket,
+    be16, cstr, find, ne16, ne32, push_attr, text, Attrs, NetlinkError, Request, Socket,
     NETLINK_GENERIC, NLM_F_ACK, NLM_F_DUMP,
 };
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -195,62 +195,46 @@ fn addr_of(af: u16, data: &[u8]) -> Option<IpAddr> {
     }
 }
 
-/// The attributes that name a service (enough for delete and for listing its servers).
-fn service_id_attrs(id: &ServiceId) -> Vec<u8> {
-    let mut s = Vec::new();
-    push_attr(
-        &mut s,
-        SVC_ATTR_AF,
-        &af(IpFamily::of(&id.addr)).to_ne_bytes(),
-    );
-    push_attr(
-        &mut s,
-        SVC_ATTR_PROTOCOL,
-        &proto_number(id.protocol).to_ne_bytes(),
-    );
-    push_attr(&mut s, SVC_ATTR_ADDR, &inet_addr(&id.addr));
-    push_attr(&mut s, SVC_ATTR_PORT, &id.port.to_be_bytes());
-    s
-}
-
+/// A service: what names it (enough for delete and for listing its servers), and with
+/// `spec` its settings.
 fn service_attrs(id: &ServiceId, spec: Option<&ServiceSpec>) -> Vec<u8> {
-    let mut s = service_id_attrs(id);
-    if let Some(spec) = spec {
-        push_attr(&mut s, SVC_ATTR_SCHED_NAME, &cstr(&spec.scheduler));
+    let mut out = Vec::new();
+    Attrs(&mut out).nest(CMD_ATTR_SERVICE, |s| {
+        s.put(SVC_ATTR_AF, &af(IpFamily::of(&id.addr)).to_ne_bytes());
+        s.put(SVC_ATTR_PROTOCOL, &proto_number(id.protocol).to_ne_bytes());
+        s.put(SVC_ATTR_ADDR, &inet_addr(&id.addr));
+        s.put(SVC_ATTR_PORT, &id.port.to_be_bytes());
+        let Some(spec) = spec else {
+            return;
+        };
+        s.str(SVC_ATTR_SCHED_NAME, &spec.scheduler);
         let mut flags = spec.flags.to_ne_bytes().to_vec();
         flags.extend_from_slice(&u32::MAX.to_ne_bytes());
-        push_attr(&mut s, SVC_ATTR_FLAGS, &flags);
-        push_attr(&mut s, SVC_ATTR_TIMEOUT, &spec.timeout.to_ne_bytes());
+        s.put(SVC_ATTR_FLAGS, &flags);
+        s.put(SVC_ATTR_TIMEOUT, &spec.timeout.to_ne_bytes());
         // Persistence granularity: the whole client address, as kube-proxy asks.
         let netmask: u32 = match id.addr {
             IpAddr::V4(_) => u32::MAX,
             IpAddr::V6(_) => 128,
         };
-        push_attr(&mut s, SVC_ATTR_NETMASK, &netmask.to_ne_bytes());
-    }
-    let mut out = Vec::new();
-    nested(&mut out, CMD_ATTR_SERVICE, &s);
+        s.put(SVC_ATTR_NETMASK, &netmask.to_ne_bytes());
+    });
     out
 }
 
-fn dest_attrs(ip: &IpAddr, port: u16, weight: Option<u32>) -> Vec<u8> {
-    let mut d = Vec::new();
-    push_attr(
-        &mut d,
-        DEST_ATTR_ADDR_FAMILY,
-        &af(IpFamily::of(ip)).to_ne_bytes(),
-    );
-    push_attr(&mut d, DEST_ATTR_ADDR, &inet_addr(ip));
-    push_attr(&mut d, DEST_ATTR_PORT, &port.to_be_bytes());
-    if let Some(w) = weight {
-        push_attr(&mut d, DEST_ATTR_FWD_METHOD, &FWD_MASQ.to_ne_bytes());
-        push_attr(&mut d, DEST_ATTR_WEIGHT, &w.to_ne_bytes());
-        push_attr(&mut d, DEST_ATTR_U_THRESH, &0u32.to_ne_bytes());
-        push_attr(&mut d, DEST_ATTR_L_THRESH, &0u32.to_ne_bytes());
-    }
-    let mut out = Vec::new();
-    nested(&mut out, CMD_ATTR_DEST, &d);
-    out
+/// A real server; with `weight`, its settings too.
+fn dest_attrs(out: &mut Vec<u8>, ip: &IpAddr, port: u16, weight: Option<u32>) {
+    Attrs(out).nest(CMD_ATTR_DEST, |d| {
+        d.put(DEST_ATTR_ADDR_FAMILY, &af(IpFamily::of(ip)).to_ne_bytes());
+        d.put(DEST_ATTR_ADDR, &inet_addr(ip));
+        d.put(DEST_ATTR_PORT, &port.to_be_bytes());
+        if let Some(w) = weight {
+            d.put(DEST_ATTR_FWD_METHOD, &FWD_MASQ.to_ne_bytes());
+            d.put(DEST_ATTR_WEIGHT, &w.to_ne_bytes());
+            d.put(DEST_ATTR_U_THRESH, &0u32.to_ne_bytes());
+            d.put(DEST_ATTR_L_THRESH, &0u32.to_ne_bytes());
+        }
+    });
 }
 
 /// The generic netlink command and attributes of one operation.
@@ -266,12 +250,12 @@ pub fn encode(op: &Op) -> (u8, Vec<u8>) {
                 CMD_SET_DEST
             };
             let mut a = service_attrs(id, None);
-            a.extend(dest_attrs(ip, *port, Some(*w)));
+            dest_attrs(&mut a, ip, *port, Some(*w));
             (cmd, a)
         }
         Op::DeleteDest(id, ip, port) => {
             let mut a = service_attrs(id, None);
-            a.extend(dest_attrs(ip, *port, None));
+            dest_attrs(&mut a, ip, *port, None);
             (CMD_DEL_DEST, a)
         }
     }
@@ -510,6 +494,7 @@ fn kinds(buf: &[u8]) -> Vec<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netlink::nested;
 
     fn id() -> ServiceId {
         ServiceId {

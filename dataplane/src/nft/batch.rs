@@ -57,13 +57,13 @@ fn encode_fields(text: &str, fields: &[Field], addr_len: usize) -> Option<Vec<u8
 /// The NFTA_SET_ELEM_DATA payload of a map value.
 fn encode_value(text: &str, layout: &Fields) -> Option<Vec<u8>> {
     let verdict = |code: i32, chain: Option<&str>| {
-        let mut v = Vec::new();
-        push_attr(&mut v, NFTA_VERDICT_CODE, &code.to_be_bytes());
-        if let Some(c) = chain {
-            push_attr(&mut v, NFTA_VERDICT_CHAIN, &cstr(c));
-        }
         let mut d = Vec::new();
-        nested(&mut d, NFTA_DATA_VERDICT, &v);
+        Attrs(&mut d).nest(NFTA_DATA_VERDICT, |v| {
+            v.put(NFTA_VERDICT_CODE, &code.to_be_bytes());
+            if let Some(c) = chain {
+                v.str(NFTA_VERDICT_CHAIN, c);
+            }
+        });
         d
     };
     if text == "drop" {
