@@ -8,14 +8,14 @@
 //!
 //! Taken from netlink-sys: the socket itself (open, bind, connect, multicast membership,
 //! send and receive). Taken from netlink-packet-core: the netlink constants, its header
-//! type to write message headers, its buffer types to read received headers, error codes
-//! and attributes. Not taken: its `NetlinkMessage`/`Nla` framework, which wants a Rust
-//! type per payload and sizes a message in one pass before writing it in another; the
-//! messages here are a few attributes each, or batches of 100k rules that are written once,
-//! in place, into one buffer. Its attribute buffers lend a value only as long as the
-//! buffer wrapper lives, so [`attrs`] hands out slices of the datagram itself instead.
-//! netlink-packet-core knows nothing of nfnetlink's or generic netlink's family headers or
-//! of nf_tables batches, so those are written here.
+//! type to write message headers, its buffers to read received headers and error codes,
+//! and its attribute iterator. Not taken: its `NetlinkMessage`/`Nla` framework, which wants
+//! a Rust type per payload and sizes a message in one pass before writing it in another;
+//! the messages here are a few attributes each, or batches of 420k messages written once,
+//! in place, into one buffer. Nor `NlaBuffer::value`, which lends a value only as long as
+//! the buffer wrapper lives: [`attrs`] hands out slices of the datagram itself. It knows
+//! nothing of nfnetlink's or generic netlink's family headers or of nf_tables batches, so
+//! those are written here.
 
 mod attr;
 mod batch;
