@@ -7,15 +7,16 @@
 //! Which entries are stale is pure ([`UdpFrontends`], [`UdpFrontends::stale`]); the kernel
 //! is reached over ctnetlink behind [`Conntrack`] ([`Ctnetlink`] is the real one). The
 //! `rtnetlink` crate has no conntrack messages and shelling out to `conntrack` costs a
-//! process per entry, so the few messages needed are written here on the nfnetlink socket
-//! the nftables reader already uses.
+//! process per entry, so the few messages needed are written here, on [`crate::netlink`]'s
+//! socket.
 
 use crate::model::{IpFamily, Protocol, Snapshot};
-use crate::nft::netlink::{
-    find, push_attr, NetlinkError, Reader, NFPROTO_IPV4, NFPROTO_IPV6, NLM_F_ACK, NLM_F_DUMP,
+use crate::netlink::{
+    be16, find, ip, nfproto, Attrs, NetlinkError, Request, Socket, NETLINK_NETFILTER,
+    NFNL_SUBSYS_CTNETLINK, NLM_F_ACK, NLM_F_DUMP,
 };
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 /// One UDP conntrack entry: where the client sent, and where replies come from (the
 /// endpoint, when the flow was DNATed).
@@ -156,7 +157,6 @@ pub fn clean_family(
 }
 
 // linux/netfilter/nfnetlink_conntrack.h
-const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 const CTA_TUPLE_ORIG: u16 = 1;
@@ -171,38 +171,18 @@ const CTA_IP_V6_DST: u16 = 4;
 const CTA_PROTO_NUM: u16 = 1;
 const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
-const NLA_F_NESTED: u16 = 0x8000;
 const IPPROTO_UDP: u8 = 17;
 const ENOENT: i32 = 2;
 
-fn nfproto(family: IpFamily) -> u8 {
-    match family {
-        IpFamily::V4 => NFPROTO_IPV4,
-        IpFamily::V6 => NFPROTO_IPV6,
-    }
-}
-
-fn addr(data: &[u8]) -> Option<IpAddr> {
-    match data.len() {
-        4 => Some(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(data).ok()?))),
-        16 => Some(IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(data).ok()?))),
-        _ => None,
-    }
-}
-
-fn be16(data: &[u8]) -> Option<u16> {
-    Some(u16::from_be_bytes(data.get(..2)?.try_into().ok()?))
-}
-
 /// (protocol, source, destination) of a CTA_TUPLE_* attribute.
 fn tuple(data: &[u8]) -> Option<(u8, SocketAddr, SocketAddr)> {
-    let ip = find(data, CTA_TUPLE_IP)?;
+    let addrs = find(data, CTA_TUPLE_IP)?;
     let proto = find(data, CTA_TUPLE_PROTO)?;
-    let (src, dst) = match (find(ip, CTA_IP_V4_SRC), find(ip, CTA_IP_V4_DST)) {
-        (Some(s), Some(d)) => (addr(s)?, addr(d)?),
+    let (src, dst) = match (find(addrs, CTA_IP_V4_SRC), find(addrs, CTA_IP_V4_DST)) {
+        (Some(s), Some(d)) => (ip(s)?, ip(d)?),
         _ => (
-            addr(find(ip, CTA_IP_V6_SRC)?)?,
-            addr(find(ip, CTA_IP_V6_DST)?)?,
+            ip(find(addrs, CTA_IP_V6_SRC)?)?,
+            ip(find(addrs, CTA_IP_V6_DST)?)?,
         ),
     };
     let num = *find(proto, CTA_PROTO_NUM)?.first()?;
@@ -233,53 +213,46 @@ fn parse_flow(body: &[u8]) -> Option<Flow> {
 
 /// The CTA_TUPLE_ORIG that names a flow for deletion.
 fn delete_attrs(f: &Flow) -> Vec<u8> {
-    let mut ip = Vec::new();
-    match (f.source.ip(), f.destination.ip()) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            push_attr(&mut ip, CTA_IP_V4_SRC, &s.octets());
-            push_attr(&mut ip, CTA_IP_V4_DST, &d.octets());
-        }
-        (s, d) => {
-            let v6 = |a: IpAddr| match a {
-                IpAddr::V6(a) => a.octets(),
-                IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-            };
-            push_attr(&mut ip, CTA_IP_V6_SRC, &v6(s));
-            push_attr(&mut ip, CTA_IP_V6_DST, &v6(d));
-        }
-    }
-    let mut proto = Vec::new();
-    push_attr(&mut proto, CTA_PROTO_NUM, &[IPPROTO_UDP]);
-    push_attr(
-        &mut proto,
-        CTA_PROTO_SRC_PORT,
-        &f.source.port().to_be_bytes(),
-    );
-    push_attr(
-        &mut proto,
-        CTA_PROTO_DST_PORT,
-        &f.destination.port().to_be_bytes(),
-    );
-    let mut tuple = Vec::new();
-    push_attr(&mut tuple, CTA_TUPLE_IP | NLA_F_NESTED, &ip);
-    push_attr(&mut tuple, CTA_TUPLE_PROTO | NLA_F_NESTED, &proto);
     let mut out = Vec::new();
-    push_attr(&mut out, CTA_TUPLE_ORIG | NLA_F_NESTED, &tuple);
+    let mut a = Attrs(&mut out);
+    a.nest(CTA_TUPLE_ORIG, |tuple| {
+        tuple.nest(CTA_TUPLE_IP, |ip| {
+            match (f.source.ip(), f.destination.ip()) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => {
+                    ip.put(CTA_IP_V4_SRC, &s.octets());
+                    ip.put(CTA_IP_V4_DST, &d.octets());
+                }
+                (s, d) => {
+                    let v6 = |a: IpAddr| match a {
+                        IpAddr::V6(a) => a.octets(),
+                        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+                    };
+                    ip.put(CTA_IP_V6_SRC, &v6(s));
+                    ip.put(CTA_IP_V6_DST, &v6(d));
+                }
+            }
+        });
+        tuple.nest(CTA_TUPLE_PROTO, |proto| {
+            proto.put(CTA_PROTO_NUM, &[IPPROTO_UDP]);
+            proto.put(CTA_PROTO_SRC_PORT, &f.source.port().to_be_bytes());
+            proto.put(CTA_PROTO_DST_PORT, &f.destination.port().to_be_bytes());
+        });
+    });
     if f.zone != 0 {
-        push_attr(&mut out, CTA_ZONE, &f.zone.to_be_bytes());
+        a.put(CTA_ZONE, &f.zone.to_be_bytes());
     }
     out
 }
 
 /// Conntrack over ctnetlink, in the calling thread's network namespace.
 pub struct Ctnetlink {
-    socket: Reader,
+    socket: Socket,
 }
 
 impl Ctnetlink {
     pub fn open() -> Result<Ctnetlink, NetlinkError> {
         Ok(Ctnetlink {
-            socket: Reader::open()?,
+            socket: Socket::open(NETLINK_NETFILTER, "nfnetlink")?,
         })
     }
 }
@@ -291,32 +264,33 @@ impl Conntrack for Ctnetlink {
         keep: &dyn Fn(&Flow) -> bool,
     ) -> Result<Vec<Flow>, NetlinkError> {
         let mut flows = Vec::new();
-        self.socket.request_each(
-            "conntrack dump",
+        let dump = Request::nfnl(
             NFNL_SUBSYS_CTNETLINK,
             IPCTNL_MSG_CT_GET,
             NLM_F_DUMP,
             nfproto(family),
             &[],
-            &mut |body| {
+        );
+        self.socket
+            .request_each("conntrack dump", &dump, &mut |body| {
                 if let Some(f) = parse_flow(body).filter(|f| keep(f)) {
                     flows.push(f);
                 }
-            },
-        )?;
+            })?;
         Ok(flows)
     }
 
     fn delete(&mut self, flow: &Flow) -> Result<(), NetlinkError> {
         let family = IpFamily::of(&flow.destination.ip());
-        match self.socket.request_to(
-            "conntrack delete",
+        let attrs = delete_attrs(flow);
+        let delete = Request::nfnl(
             NFNL_SUBSYS_CTNETLINK,
             IPCTNL_MSG_CT_DELETE,
             NLM_F_ACK,
             nfproto(family),
-            &delete_attrs(flow),
-        ) {
+            &attrs,
+        );
+        match self.socket.request("conntrack delete", &delete) {
             Err(NetlinkError::Kernel { errno: ENOENT, .. }) | Ok(_) => Ok(()),
             Err(e) => Err(e),
         }
@@ -327,6 +301,7 @@ impl Conntrack for Ctnetlink {
 mod tests {
     use super::*;
     use crate::model::*;
+    use crate::netlink::NLA_F_NESTED;
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().unwrap()

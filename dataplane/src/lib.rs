@@ -10,6 +10,7 @@ pub mod frontends;
 pub mod iptables;
 pub mod ipvs;
 pub mod model;
+pub mod netlink;
 pub mod nft;
 pub mod process;
 pub mod selection;

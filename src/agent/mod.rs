@@ -21,7 +21,7 @@ use crate::nodeaddr::Interfaces;
 use dataplane::backend::{Backend, BackendError, FailureCounter, Readback, Scope, SyncReport};
 use dataplane::conntrack::{self, Conntrack, Ctnetlink, UdpFrontends};
 use dataplane::model::IpFamily;
-use dataplane::nft::netlink::NetlinkError;
+use dataplane::netlink::NetlinkError;
 use health::Health;
 use kernel_checks::watch_commits;
 use metrics::{family_label, Metrics};

@@ -10,124 +10,78 @@
 //! and port, MARK `--or-mark`); [`super::rule_parse`] reads them, its
 //! [`encodable`](super::rule_parse::encodable) says which, and any other rule leaves its
 //! chain to the restore. The `nftables` crate drives `nft`, which cannot write xtables
-//! matches and targets, so this speaks netlink itself (netlink-sys's socket, as the nft
-//! reader does).
+//! matches and targets, so this writes the messages itself and commits them as one
+//! [`crate::netlink::Batch`].
 
 use super::render::TableName;
 use super::rule_parse::{parse, Addr, Match, Rule, Target};
 use crate::model::IpFamily;
-use crate::nft::netlink::{
-    NFNL_SUBSYS_NFTABLES, NFT_MSG_GETRULE, NLMSG_ERROR, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
-};
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
-
-const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
-const NFNL_MSG_BATCH_END: u16 = 0x11;
-const NFT_MSG_NEWCHAIN: u16 = 3;
-const NFT_MSG_NEWRULE: u16 = 6;
-const NLM_F_EXCL: u16 = 0x200;
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_APPEND: u16 = 0x800;
-const NLA_F_NESTED: u16 = 0x8000;
-const AF_INET: u8 = 2;
-const NFT_JUMP: u32 = 0xffff_fffd;
+use crate::netlink::*;
 
 /// Why a direct write failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DirectError {
-    #[error("nf_tables netlink socket: {0}")]
-    Socket(#[source] std::io::Error),
-    #[error("nf_tables refused the batch creating {chains} chains, at {what}: {source}")]
-    Refused {
-        chains: usize,
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("{0}")]
     Unsupported(String),
     #[error(transparent)]
-    Read(#[from] crate::nft::netlink::NetlinkError),
+    Netlink(#[from] NetlinkError),
 }
 
-/// Netlink attributes, appended to a buffer.
-struct Attrs<'b>(&'b mut Vec<u8>);
-
-impl Attrs<'_> {
-    fn put(&mut self, ty: u16, payload: &[u8]) {
-        let len = 4 + payload.len();
-        self.0.extend_from_slice(&(len as u16).to_ne_bytes());
-        self.0.extend_from_slice(&ty.to_ne_bytes());
-        self.0.extend_from_slice(payload);
-        self.pad();
-    }
-    fn pad(&mut self) {
-        while !self.0.len().is_multiple_of(4) {
-            self.0.push(0);
-        }
-    }
-    fn str(&mut self, ty: u16, s: &str) {
-        let mut v = Vec::with_capacity(s.len() + 1);
-        v.extend_from_slice(s.as_bytes());
-        v.push(0);
-        self.put(ty, &v);
-    }
-    fn u32(&mut self, ty: u16, v: u32) {
-        self.put(ty, &v.to_be_bytes());
-    }
-    fn nest(&mut self, ty: u16, f: impl FnOnce(&mut Attrs<'_>)) {
-        let at = self.0.len();
-        self.0.extend_from_slice(&[0, 0]);
-        self.0.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
-        f(&mut Attrs(self.0));
-        let len = (self.0.len() - at) as u16;
-        self.0[at..at + 2].copy_from_slice(&len.to_ne_bytes());
-    }
+/// The expressions iptables-nft writes, on [`Attrs`].
+trait Expressions {
     /// One expression: NFTA_LIST_ELEM { NFTA_EXPR_NAME, NFTA_EXPR_DATA { .. } }.
+    fn expr(&mut self, name: &str, f: impl FnOnce(&mut Attrs<'_>));
+    fn payload(&mut self, base: u32, offset: u32, len: u32);
+    fn cmp(&mut self, op: u32, value: &[u8]);
+    fn xt(&mut self, kind: &str, name: &str, rev: u32, info: &[u8]);
+    fn addr(&mut self, offset: u32, a: Addr);
+}
+
+impl Expressions for Attrs<'_> {
     fn expr(&mut self, name: &str, f: impl FnOnce(&mut Attrs<'_>)) {
-        self.nest(1, |e| {
-            e.str(1, name);
-            e.nest(2, f);
+        self.nest(NFTA_LIST_ELEM, |e| {
+            e.str(NFTA_EXPR_NAME, name);
+            e.nest(NFTA_EXPR_DATA, f);
         });
     }
     fn payload(&mut self, base: u32, offset: u32, len: u32) {
         self.expr("payload", |a| {
-            a.u32(1, 1);
-            a.u32(2, base);
-            a.u32(3, offset);
-            a.u32(4, len);
+            a.be32(NFTA_PAYLOAD_DREG, NFT_REG_1);
+            a.be32(NFTA_PAYLOAD_BASE, base);
+            a.be32(NFTA_PAYLOAD_OFFSET, offset);
+            a.be32(NFTA_PAYLOAD_LEN, len);
         });
     }
     fn cmp(&mut self, op: u32, value: &[u8]) {
         self.expr("cmp", |a| {
-            a.u32(1, 1);
-            a.u32(2, op);
-            a.nest(3, |d| d.put(1, value));
+            a.be32(NFTA_CMP_SREG, NFT_REG_1);
+            a.be32(NFTA_CMP_OP, op);
+            a.nest(NFTA_CMP_DATA, |d| d.put(NFTA_DATA_VALUE, value));
         });
     }
     fn xt(&mut self, kind: &str, name: &str, rev: u32, info: &[u8]) {
         self.expr(kind, |a| {
-            a.str(1, name);
-            a.u32(2, rev);
-            a.put(3, info);
+            a.str(NFTA_XT_NAME, name);
+            a.be32(NFTA_XT_REV, rev);
+            a.put(NFTA_XT_INFO, info);
         });
     }
     fn addr(&mut self, offset: u32, a: Addr) {
-        let op = u32::from(a.negated);
+        let op = if a.negated { NFT_CMP_NEQ } else { NFT_CMP_EQ };
         let octets = a.ip.octets();
         if a.prefix.is_multiple_of(8) {
             let n = usize::from(a.prefix / 8);
-            self.payload(1, offset, n as u32);
+            self.payload(NFT_PAYLOAD_NETWORK_HEADER, offset, n as u32);
             self.cmp(op, &octets[..n]);
         } else {
             let mask = (u32::MAX << (32 - u32::from(a.prefix))).to_be_bytes();
-            self.payload(1, offset, 4);
+            self.payload(NFT_PAYLOAD_NETWORK_HEADER, offset, 4);
             self.expr("bitwise", |b| {
-                b.u32(1, 1);
-                b.u32(2, 1);
-                b.u32(3, 4);
-                b.nest(4, |d| d.put(1, &mask));
-                b.nest(5, |d| d.put(1, &[0; 4]));
+                b.be32(NFTA_BITWISE_SREG, NFT_REG_1);
+                b.be32(NFTA_BITWISE_DREG, NFT_REG_1);
+                b.be32(NFTA_BITWISE_LEN, 4);
+                b.nest(NFTA_BITWISE_MASK, |d| d.put(NFTA_DATA_VALUE, &mask));
+                b.nest(NFTA_BITWISE_XOR, |d| d.put(NFTA_DATA_VALUE, &[0; 4]));
             });
             let masked: Vec<u8> = octets.iter().zip(mask).map(|(o, m)| o & m).collect();
             self.cmp(op, &masked);
@@ -140,19 +94,10 @@ fn xt_ports() -> [u8; 16] {
     [0, 0, 0xff, 0xff, 0, 0, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0]
 }
 
-/// An nf_tables batch creating chains and appending rules, in one transaction.
+/// Chains created and rules appended in one nf_tables transaction.
 pub struct Batch {
-    buf: Vec<u8>,
-    seq: u32,
-    family: u8,
-    table: &'static str,
-    /// Where the last message starts (its flags get the acknowledgement request).
-    last: usize,
-    /// What each message after the table's does, by sequence number from `first`: a
-    /// chain created, or a rule appended to one (so that an error can name it).
-    first: u32,
-    steps: Vec<Step>,
-    names: Vec<String>,
+    batch: crate::netlink::Batch,
+    steps: Steps,
     index: std::collections::HashMap<String, u32>,
     pub chains: usize,
     pub rules: usize,
@@ -164,29 +109,29 @@ enum Step {
     Rule(u32),
 }
 
-/// A closed batch: its bytes, the message whose acknowledgement says it committed, and
-/// what each message does.
-pub struct Finished {
-    bytes: Vec<u8>,
-    ack: u32,
+/// What each message after the table's does (a chain created, or a rule appended to one),
+/// so that an error can name it.
+struct Steps {
     table: &'static str,
-    first: u32,
     steps: Vec<Step>,
     names: Vec<String>,
+}
+
+/// A batch ready to send, with what each of its messages does.
+pub struct Finished {
+    batch: crate::netlink::Batch,
+    steps: Steps,
     pub chains: usize,
 }
 
-impl Finished {
-    /// The object message `seq` was about, for an error.
-    fn what(&self, seq: u32) -> String {
-        let name = |i: u32| self.names.get(i as usize).map_or("?", String::as_str);
-        match seq
-            .checked_sub(self.first)
-            .and_then(|k| self.steps.get(k as usize))
-        {
-            Some(Step::Chain(i)) => format!("table {} chain {}: creating it", self.table, name(*i)),
-            Some(Step::Rule(i)) => {
-                format!("table {} chain {}: appending a rule", self.table, name(*i))
+impl Steps {
+    /// What the batch's message `i` does, for an error.
+    fn about(&self, i: usize) -> String {
+        let name = |n: u32| self.names.get(n as usize).map_or("?", String::as_str);
+        match i.checked_sub(1).and_then(|k| self.steps.get(k)) {
+            Some(Step::Chain(n)) => format!("table {} chain {}: creating it", self.table, name(*n)),
+            Some(Step::Rule(n)) => {
+                format!("table {} chain {}: appending a rule", self.table, name(*n))
             }
             None => format!("table {}", self.table),
         }
@@ -201,79 +146,37 @@ impl Batch {
                 "{family}: only IPv4 rules are written directly"
             )));
         }
-        let mut b = Batch {
-            buf: Vec::new(),
-            seq: 0,
-            family: AF_INET,
-            table: table.as_str(),
-            last: 0,
-            first: 0,
-            steps: Vec::new(),
-            names: Vec::new(),
+        let mut batch = crate::netlink::Batch::new();
+        let table = table.as_str();
+        // As iptables-nft does: the table, created if missing (a node's first start).
+        batch.push(NFT_MSG_NEWTABLE, NLM_F_CREATE, NFPROTO_IPV4, |a| {
+            a.str(NFTA_TABLE_NAME, table)
+        });
+        Ok(Batch {
+            batch,
+            steps: Steps {
+                table,
+                steps: Vec::new(),
+                names: Vec::new(),
+            },
             index: Default::default(),
             chains: 0,
             rules: 0,
-        };
-        b.message(
-            NFNL_MSG_BATCH_BEGIN,
-            NLM_F_REQUEST,
-            0,
-            NFNL_SUBSYS_NFTABLES,
-            |_| {},
-        );
-        // As iptables-nft does: the table, created if missing (a node's first start).
-        let (family, table) = (b.family, b.table);
-        b.message(
-            NFNL_SUBSYS_NFTABLES << 8,
-            NLM_F_REQUEST | NLM_F_CREATE,
-            family,
-            0,
-            |a| a.str(1, table),
-        );
-        b.first = b.seq + 1;
-        Ok(b)
-    }
-
-    fn message(
-        &mut self,
-        ty: u16,
-        flags: u16,
-        family: u8,
-        res_id: u16,
-        f: impl FnOnce(&mut Attrs<'_>),
-    ) {
-        self.seq += 1;
-        let at = self.buf.len();
-        self.last = at;
-        self.buf.extend_from_slice(&[0; 4]);
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(&flags.to_ne_bytes());
-        self.buf.extend_from_slice(&self.seq.to_ne_bytes());
-        self.buf.extend_from_slice(&0u32.to_ne_bytes());
-        self.buf.extend_from_slice(&[family, 0]);
-        self.buf.extend_from_slice(&res_id.to_be_bytes());
-        f(&mut Attrs(&mut self.buf));
-        let len = (self.buf.len() - at) as u32;
-        self.buf[at..at + 4].copy_from_slice(&len.to_ne_bytes());
+        })
     }
 
     /// Creates `chain`, which must not exist.
     pub fn chain(&mut self, chain: &str) {
-        let (family, table) = (self.family, self.table);
-        self.message(
-            NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_NEWCHAIN,
-            NLM_F_REQUEST | NLM_F_EXCL,
-            family,
-            0,
-            |a| {
-                a.str(1, table);
-                a.str(3, chain);
-            },
-        );
-        let i = self.names.len() as u32;
-        self.names.push(chain.to_string());
+        let table = self.steps.table;
+        self.batch
+            .push(NFT_MSG_NEWCHAIN, NLM_F_EXCL, NFPROTO_IPV4, |a| {
+                a.str(NFTA_CHAIN_TABLE, table);
+                a.str(NFTA_CHAIN_NAME, chain);
+            });
+        let i = self.steps.names.len() as u32;
+        self.steps.names.push(chain.to_string());
         self.index.insert(chain.to_string(), i);
-        self.steps.push(Step::Chain(i));
+        self.steps.steps.push(Step::Chain(i));
         self.chains += 1;
     }
 
@@ -283,49 +186,28 @@ impl Batch {
         let Some(r) = parse(rule) else {
             return false;
         };
-        let (family, table) = (self.family, self.table);
-        self.message(
-            NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_NEWRULE,
-            NLM_F_REQUEST | NLM_F_CREATE | NLM_F_APPEND,
-            family,
-            0,
-            |a| {
-                a.str(1, table);
-                a.str(2, chain);
-                a.nest(4, |e| expressions(e, &r));
-                a.nest(5, |c| {
-                    c.u32(1, u32::from(r.proto.unwrap_or(0)));
-                    c.u32(2, 0);
-                });
-            },
-        );
+        let table = self.steps.table;
+        let flags = NLM_F_CREATE | NLM_F_APPEND;
+        self.batch.push(NFT_MSG_NEWRULE, flags, NFPROTO_IPV4, |a| {
+            a.str(NFTA_RULE_TABLE, table);
+            a.str(NFTA_RULE_CHAIN, chain);
+            a.nest(NFTA_RULE_EXPRESSIONS, |e| expressions(e, &r));
+            a.nest(NFTA_RULE_COMPAT, |c| {
+                c.be32(NFTA_RULE_COMPAT_PROTO, u32::from(r.proto.unwrap_or(0)));
+                c.be32(NFTA_RULE_COMPAT_FLAGS, 0);
+            });
+        });
         let i = self.index.get(chain).copied().unwrap_or(u32::MAX);
-        self.steps.push(Step::Rule(i));
+        self.steps.steps.push(Step::Rule(i));
         self.rules += 1;
         true
     }
 
-    /// The batch, closed, ready to send: its last change asks for an acknowledgement,
-    /// which the kernel sends only when the whole batch committed.
-    pub fn finish(mut self) -> Finished {
-        let flags = self.last + 6;
-        let f = u16::from_ne_bytes([self.buf[flags], self.buf[flags + 1]]) | NLM_F_ACK;
-        self.buf[flags..flags + 2].copy_from_slice(&f.to_ne_bytes());
-        let ack = self.seq;
-        self.message(
-            NFNL_MSG_BATCH_END,
-            NLM_F_REQUEST,
-            0,
-            NFNL_SUBSYS_NFTABLES,
-            |_| {},
-        );
+    /// The batch, ready to send.
+    pub fn finish(self) -> Finished {
         Finished {
-            bytes: self.buf,
-            ack,
-            table: self.table,
-            first: self.first,
+            batch: self.batch,
             steps: self.steps,
-            names: self.names,
             chains: self.chains,
         }
     }
@@ -336,10 +218,10 @@ impl Batch {
 fn expressions(e: &mut Attrs<'_>, r: &Rule<'_>) {
     if let Some(p) = r.proto {
         e.expr("meta", |a| {
-            a.u32(2, 16); // NFT_META_L4PROTO
-            a.u32(1, 1);
+            a.be32(NFTA_META_KEY, NFT_META_L4PROTO);
+            a.be32(NFTA_META_DREG, NFT_REG_1);
         });
-        e.cmp(0, &[p]);
+        e.cmp(NFT_CMP_EQ, &[p]);
     }
     if let Some(s) = r.src {
         e.addr(12, s);
@@ -352,8 +234,9 @@ fn expressions(e: &mut Attrs<'_>, r: &Rule<'_>) {
             Match::Port {
                 dport: Some(port), ..
             } => {
-                e.payload(2, 2, 2);
-                e.cmp(0, &port.to_be_bytes());
+                // The destination port: two bytes at offset 2 of the transport header.
+                e.payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
+                e.cmp(NFT_CMP_EQ, &port.to_be_bytes());
             }
             Match::Port { name, dport: None } => e.xt("match", name, 0, &xt_ports()),
             Match::Comment(c) => {
@@ -373,16 +256,16 @@ fn expressions(e: &mut Attrs<'_>, r: &Rule<'_>) {
         }
     }
     e.expr("counter", |a| {
-        a.put(1, &0u64.to_be_bytes());
-        a.put(2, &0u64.to_be_bytes());
+        a.put(NFTA_COUNTER_BYTES, &0u64.to_be_bytes());
+        a.put(NFTA_COUNTER_PACKETS, &0u64.to_be_bytes());
     });
     match r.target {
         Target::Jump(chain) => e.expr("immediate", |a| {
-            a.u32(1, 0);
-            a.nest(2, |d| {
-                d.nest(2, |v| {
-                    v.u32(1, NFT_JUMP);
-                    v.str(2, chain);
+            a.be32(NFTA_IMMEDIATE_DREG, NFT_REG_VERDICT);
+            a.nest(NFTA_IMMEDIATE_DATA, |d| {
+                d.nest(NFTA_DATA_VERDICT, |v| {
+                    v.be32(NFTA_VERDICT_CODE, NFT_JUMP as u32);
+                    v.str(NFTA_VERDICT_CHAIN, chain);
                 })
             });
         }),
@@ -407,70 +290,11 @@ fn expressions(e: &mut Attrs<'_>, r: &Rule<'_>) {
     }
 }
 
-/// Sends `batch` and waits for nf_tables' verdict on it: the kernel handles a batch
-/// inside the send, so by the time the send returns it has queued an error for each
-/// message it refused, or the acknowledgement of the last one if the batch committed.
-pub fn send(batch: &Finished) -> Result<(), DirectError> {
-    let refused = |source: std::io::Error, what: String| DirectError::Refused {
-        chains: batch.chains,
-        what,
-        source,
-    };
-    let socket = Socket::new(NETLINK_NETFILTER).map_err(DirectError::Socket)?;
-    // The whole batch is one message, so the send buffer must hold it (a cold 10k x 10
-    // load is about 110 MiB); forcing it past wmem_max takes CAP_NET_ADMIN, which we have.
-    let bytes = &batch.bytes;
-    let size = bytes
-        .len()
-        .saturating_add(1 << 16)
-        .min(i32::MAX as usize / 2);
-    nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::SndBufForce, &size)
-        .map_err(|e| DirectError::Socket(e.into()))?;
-    let kernel = SocketAddr::new(0, 0);
-    let sent = socket
-        .send_to(bytes, &kernel, 0)
-        .map_err(|e| refused(e, batch.what(0)))?;
-    if sent != bytes.len() {
-        let e = std::io::Error::other(format!("sent {sent} of {} bytes", bytes.len()));
-        return Err(refused(e, batch.what(0)));
-    }
-    socket.set_non_blocking(true).map_err(DirectError::Socket)?;
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = match socket.recv(&mut &mut buf[..], 0) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let e = std::io::Error::other("no acknowledgement: the batch did not commit");
-                return Err(refused(e, batch.what(0)));
-            }
-            Err(e) => return Err(refused(e, batch.what(0))),
-        };
-        let mut off = 0;
-        while off + 16 <= n {
-            let word = |at: usize| {
-                buf.get(at..at + 4)
-                    .map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-            };
-            let len = word(off) as usize;
-            let ty = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
-            if ty == NLMSG_ERROR {
-                // nlmsgerr: the error, then the header of the message it answers.
-                let code = word(off + 16) as i32;
-                let seq = word(off + 28);
-                if code != 0 {
-                    let e = std::io::Error::from_raw_os_error(-code);
-                    return Err(refused(e, batch.what(seq)));
-                }
-                if seq == batch.ack {
-                    return Ok(());
-                }
-            }
-            if len < 16 {
-                break;
-            }
-            off += (len + 3) & !3;
-        }
-    }
+/// Commits `batch` (see [`crate::netlink::Batch::commit`]); a refusal names the chain.
+pub fn send(batch: Finished) -> Result<(), DirectError> {
+    let what = format!("batch creating {} chains", batch.chains);
+    let steps = batch.steps;
+    Ok(batch.batch.commit(&what, &|i| steps.about(i))?)
 }
 
 /// Every rule of `table`, per chain in order, as the kernel dumps its expressions (the
@@ -480,27 +304,25 @@ pub fn dump_expressions(
     family: IpFamily,
     table: TableName,
 ) -> Result<std::collections::BTreeMap<String, Vec<Vec<u8>>>, DirectError> {
-    use crate::nft::netlink::{find, Reader};
     if family != IpFamily::V4 {
         return Err(DirectError::Unsupported(format!("{family}: IPv4 only")));
     }
-    let mut request = Vec::new();
-    Attrs(&mut request).str(1, table.as_str());
-    let replies = Reader::open()?.request_to(
-        "rules",
+    let mut attrs = Vec::new();
+    Attrs(&mut attrs).str(NFTA_RULE_TABLE, table.as_str());
+    let dump = Request::nfnl(
         NFNL_SUBSYS_NFTABLES,
         NFT_MSG_GETRULE,
         NLM_F_DUMP,
-        AF_INET,
-        &request,
-    )?;
+        NFPROTO_IPV4,
+        &attrs,
+    );
+    let replies = Socket::open(NETLINK_NETFILTER, "nfnetlink")?.request("rules", &dump)?;
     let mut out: std::collections::BTreeMap<String, Vec<Vec<u8>>> = Default::default();
     for body in replies {
-        let chain = find(&body, 2).unwrap_or_default();
-        let chain = String::from_utf8_lossy(chain)
-            .trim_end_matches('\0')
-            .to_string();
-        let exprs = find(&body, 4).unwrap_or_default().to_vec();
+        let chain = find(&body, NFTA_RULE_CHAIN).map(text).unwrap_or_default();
+        let exprs = find(&body, NFTA_RULE_EXPRESSIONS)
+            .unwrap_or_default()
+            .to_vec();
         out.entry(chain).or_default().push(exprs);
     }
     Ok(out)

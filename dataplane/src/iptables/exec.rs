@@ -359,7 +359,7 @@ impl IptablesExecutor for IptablesCommand {
                 }
             }
         }
-        send(&batch.finish())?;
+        send(batch.finish())?;
         Ok(())
     }
 

@@ -7,11 +7,14 @@
 //! `struct ip_vs_flags {flags, mask}` (so the persistent flag is ignored) and does not decode
 //! the flags it reads back; the other crates that speak IPVS netlink are unmaintained; and
 //! netlink-packet-generic would bring a message framework for the dozen attributes used
-//! here. The attribute helpers are the ones the nftables reader uses.
+//! here. The socket, framing and attribute helpers are [`crate::netlink`]'s; resolving the
+//! family and IPVS's attributes are this module's.
 
 use crate::model::{IpFamily, Protocol};
-use crate::nft::netlink::{find, push_attr, NLM_F_ACK, NLM_F_DUMP};
-use netlink_sys::{protocols::NETLINK_GENERIC, Socket, SocketAddr};
+use crate::netlink::{
+    be16, cstr, find, ne16, ne32, push_attr, text, Attrs, NetlinkError, Request, Socket,
+    NETLINK_GENERIC, NLM_F_ACK, NLM_F_DUMP,
+};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 const GENL_ID_CTRL: u16 = 0x10;
@@ -59,11 +62,6 @@ const DEST_ATTR_ACTIVE_CONNS: u16 = 7;
 const DEST_ATTR_INACT_CONNS: u16 = 8;
 const DEST_ATTR_ADDR_FAMILY: u16 = 11;
 
-const NLA_F_NESTED: u16 = 0x8000;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-
 /// `IP_VS_SVC_F_PERSISTENT`: the scheduler's choice sticks to the client for `timeout`.
 pub const SVC_F_PERSISTENT: u32 = 0x1;
 /// Flags the kernel sets on its own and reports back; never part of what we ask for.
@@ -77,17 +75,13 @@ const IPPROTO_TCP: u16 = 6;
 const IPPROTO_UDP: u16 = 17;
 const IPPROTO_SCTP: u16 = 132;
 
-/// What can go wrong talking to IPVS.
+/// What can go wrong talking to IPVS: no IPVS at all, or what can go wrong on netlink.
 #[derive(Debug, thiserror::Error)]
 pub enum GenlError {
-    #[error("generic netlink socket: {0}")]
-    Socket(std::io::Error),
     #[error("IPVS is not available in this kernel (no \"IPVS\" generic netlink family; load the ip_vs module)")]
     NoIpvs,
-    #[error("IPVS {what}: kernel answered error {errno} ({})", std::io::Error::from_raw_os_error(*errno))]
-    Kernel { what: String, errno: i32 },
-    #[error("IPVS {what}: malformed reply: {detail}")]
-    Malformed { what: String, detail: String },
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
 }
 
 /// What identifies a virtual service: address, protocol and port.
@@ -201,80 +195,46 @@ fn addr_of(af: u16, data: &[u8]) -> Option<IpAddr> {
     }
 }
 
-fn u16_ne(d: &[u8]) -> Option<u16> {
-    Some(u16::from_ne_bytes(d.get(..2)?.try_into().ok()?))
-}
-
-fn u32_ne(d: &[u8]) -> Option<u32> {
-    Some(u32::from_ne_bytes(d.get(..4)?.try_into().ok()?))
-}
-
-fn u16_be(d: &[u8]) -> Option<u16> {
-    Some(u16::from_be_bytes(d.get(..2)?.try_into().ok()?))
-}
-
-fn nested(buf: &mut Vec<u8>, kind: u16, inner: &[u8]) {
-    push_attr(buf, kind | NLA_F_NESTED, inner);
-}
-
-/// The attributes that name a service (enough for delete and for listing its servers).
-fn service_id_attrs(id: &ServiceId) -> Vec<u8> {
-    let mut s = Vec::new();
-    push_attr(
-        &mut s,
-        SVC_ATTR_AF,
-        &af(IpFamily::of(&id.addr)).to_ne_bytes(),
-    );
-    push_attr(
-        &mut s,
-        SVC_ATTR_PROTOCOL,
-        &proto_number(id.protocol).to_ne_bytes(),
-    );
-    push_attr(&mut s, SVC_ATTR_ADDR, &inet_addr(&id.addr));
-    push_attr(&mut s, SVC_ATTR_PORT, &id.port.to_be_bytes());
-    s
-}
-
+/// A service: what names it (enough for delete and for listing its servers), and with
+/// `spec` its settings.
 fn service_attrs(id: &ServiceId, spec: Option<&ServiceSpec>) -> Vec<u8> {
-    let mut s = service_id_attrs(id);
-    if let Some(spec) = spec {
-        let mut name = spec.scheduler.as_bytes().to_vec();
-        name.push(0);
-        push_attr(&mut s, SVC_ATTR_SCHED_NAME, &name);
+    let mut out = Vec::new();
+    Attrs(&mut out).nest(CMD_ATTR_SERVICE, |s| {
+        s.put(SVC_ATTR_AF, &af(IpFamily::of(&id.addr)).to_ne_bytes());
+        s.put(SVC_ATTR_PROTOCOL, &proto_number(id.protocol).to_ne_bytes());
+        s.put(SVC_ATTR_ADDR, &inet_addr(&id.addr));
+        s.put(SVC_ATTR_PORT, &id.port.to_be_bytes());
+        let Some(spec) = spec else {
+            return;
+        };
+        s.str(SVC_ATTR_SCHED_NAME, &spec.scheduler);
         let mut flags = spec.flags.to_ne_bytes().to_vec();
         flags.extend_from_slice(&u32::MAX.to_ne_bytes());
-        push_attr(&mut s, SVC_ATTR_FLAGS, &flags);
-        push_attr(&mut s, SVC_ATTR_TIMEOUT, &spec.timeout.to_ne_bytes());
+        s.put(SVC_ATTR_FLAGS, &flags);
+        s.put(SVC_ATTR_TIMEOUT, &spec.timeout.to_ne_bytes());
         // Persistence granularity: the whole client address, as kube-proxy asks.
         let netmask: u32 = match id.addr {
             IpAddr::V4(_) => u32::MAX,
             IpAddr::V6(_) => 128,
         };
-        push_attr(&mut s, SVC_ATTR_NETMASK, &netmask.to_ne_bytes());
-    }
-    let mut out = Vec::new();
-    nested(&mut out, CMD_ATTR_SERVICE, &s);
+        s.put(SVC_ATTR_NETMASK, &netmask.to_ne_bytes());
+    });
     out
 }
 
-fn dest_attrs(ip: &IpAddr, port: u16, weight: Option<u32>) -> Vec<u8> {
-    let mut d = Vec::new();
-    push_attr(
-        &mut d,
-        DEST_ATTR_ADDR_FAMILY,
-        &af(IpFamily::of(ip)).to_ne_bytes(),
-    );
-    push_attr(&mut d, DEST_ATTR_ADDR, &inet_addr(ip));
-    push_attr(&mut d, DEST_ATTR_PORT, &port.to_be_bytes());
-    if let Some(w) = weight {
-        push_attr(&mut d, DEST_ATTR_FWD_METHOD, &FWD_MASQ.to_ne_bytes());
-        push_attr(&mut d, DEST_ATTR_WEIGHT, &w.to_ne_bytes());
-        push_attr(&mut d, DEST_ATTR_U_THRESH, &0u32.to_ne_bytes());
-        push_attr(&mut d, DEST_ATTR_L_THRESH, &0u32.to_ne_bytes());
-    }
-    let mut out = Vec::new();
-    nested(&mut out, CMD_ATTR_DEST, &d);
-    out
+/// A real server; with `weight`, its settings too.
+fn dest_attrs(out: &mut Vec<u8>, ip: &IpAddr, port: u16, weight: Option<u32>) {
+    Attrs(out).nest(CMD_ATTR_DEST, |d| {
+        d.put(DEST_ATTR_ADDR_FAMILY, &af(IpFamily::of(ip)).to_ne_bytes());
+        d.put(DEST_ATTR_ADDR, &inet_addr(ip));
+        d.put(DEST_ATTR_PORT, &port.to_be_bytes());
+        if let Some(w) = weight {
+            d.put(DEST_ATTR_FWD_METHOD, &FWD_MASQ.to_ne_bytes());
+            d.put(DEST_ATTR_WEIGHT, &w.to_ne_bytes());
+            d.put(DEST_ATTR_U_THRESH, &0u32.to_ne_bytes());
+            d.put(DEST_ATTR_L_THRESH, &0u32.to_ne_bytes());
+        }
+    });
 }
 
 /// The generic netlink command and attributes of one operation.
@@ -290,12 +250,12 @@ pub fn encode(op: &Op) -> (u8, Vec<u8>) {
                 CMD_SET_DEST
             };
             let mut a = service_attrs(id, None);
-            a.extend(dest_attrs(ip, *port, Some(*w)));
+            dest_attrs(&mut a, ip, *port, Some(*w));
             (cmd, a)
         }
         Op::DeleteDest(id, ip, port) => {
             let mut a = service_attrs(id, None);
-            a.extend(dest_attrs(ip, *port, None));
+            dest_attrs(&mut a, ip, *port, None);
             (CMD_DEL_DEST, a)
         }
     }
@@ -306,16 +266,16 @@ pub fn encode(op: &Op) -> (u8, Vec<u8>) {
 pub fn decode_service(body: &[u8]) -> Result<Option<(ServiceId, ServiceSpec)>, String> {
     let svc = find(body, CMD_ATTR_SERVICE).ok_or("no service attribute")?;
     let family = find(svc, SVC_ATTR_AF)
-        .and_then(u16_ne)
+        .and_then(ne16)
         .ok_or("no address family")?;
     if find(svc, SVC_ATTR_FWMARK)
-        .and_then(u32_ne)
+        .and_then(ne32)
         .is_some_and(|m| m != 0)
     {
         return Ok(None);
     }
     let Some(protocol) = find(svc, SVC_ATTR_PROTOCOL)
-        .and_then(u16_ne)
+        .and_then(ne16)
         .and_then(proto_of)
     else {
         return Ok(None);
@@ -323,16 +283,10 @@ pub fn decode_service(body: &[u8]) -> Result<Option<(ServiceId, ServiceSpec)>, S
     let addr = find(svc, SVC_ATTR_ADDR)
         .and_then(|d| addr_of(family, d))
         .ok_or("no address")?;
-    let port = find(svc, SVC_ATTR_PORT).and_then(u16_be).ok_or("no port")?;
-    let scheduler = find(svc, SVC_ATTR_SCHED_NAME)
-        .map(|d| {
-            String::from_utf8_lossy(d)
-                .trim_end_matches('\0')
-                .to_string()
-        })
-        .unwrap_or_default();
-    let flags = find(svc, SVC_ATTR_FLAGS).and_then(u32_ne).unwrap_or(0) & !SVC_F_HASHED;
-    let timeout = find(svc, SVC_ATTR_TIMEOUT).and_then(u32_ne).unwrap_or(0);
+    let port = find(svc, SVC_ATTR_PORT).and_then(be16).ok_or("no port")?;
+    let scheduler = find(svc, SVC_ATTR_SCHED_NAME).map(text).unwrap_or_default();
+    let flags = find(svc, SVC_ATTR_FLAGS).and_then(ne32).unwrap_or(0) & !SVC_F_HASHED;
+    let timeout = find(svc, SVC_ATTR_TIMEOUT).and_then(ne32).unwrap_or(0);
     Ok(Some((
         ServiceId {
             addr,
@@ -351,60 +305,17 @@ pub fn decode_service(body: &[u8]) -> Result<Option<(ServiceId, ServiceSpec)>, S
 pub fn decode_dest(body: &[u8]) -> Result<Dest, String> {
     let d = find(body, CMD_ATTR_DEST).ok_or("no destination attribute")?;
     let family = find(d, DEST_ATTR_ADDR_FAMILY)
-        .and_then(u16_ne)
+        .and_then(ne16)
         .ok_or("no address family")?;
     Ok(Dest {
         addr: find(d, DEST_ATTR_ADDR)
             .and_then(|a| addr_of(family, a))
             .ok_or("no address")?,
-        port: find(d, DEST_ATTR_PORT).and_then(u16_be).ok_or("no port")?,
-        weight: find(d, DEST_ATTR_WEIGHT).and_then(u32_ne).unwrap_or(0),
-        active_conns: find(d, DEST_ATTR_ACTIVE_CONNS)
-            .and_then(u32_ne)
-            .unwrap_or(0),
-        inactive_conns: find(d, DEST_ATTR_INACT_CONNS).and_then(u32_ne).unwrap_or(0),
+        port: find(d, DEST_ATTR_PORT).and_then(be16).ok_or("no port")?,
+        weight: find(d, DEST_ATTR_WEIGHT).and_then(ne32).unwrap_or(0),
+        active_conns: find(d, DEST_ATTR_ACTIVE_CONNS).and_then(ne32).unwrap_or(0),
+        inactive_conns: find(d, DEST_ATTR_INACT_CONNS).and_then(ne32).unwrap_or(0),
     })
-}
-
-/// One netlink message of a datagram: type, sequence number and body (after the 16-byte
-/// header).
-type Message<'a> = (u16, u32, &'a [u8]);
-
-/// The netlink messages of one datagram.
-fn messages(datagram: &[u8]) -> Result<Vec<Message<'_>>, &'static str> {
-    let mut out = Vec::new();
-    let mut rest = datagram;
-    while rest.len() >= 16 {
-        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        if len < 16 || len > rest.len() {
-            return Err("bad message length");
-        }
-        let kind = u16::from_ne_bytes([rest[4], rest[5]]);
-        let seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
-        out.push((kind, seq, &rest[16..len]));
-        rest = rest.get((len + 3) & !3..).unwrap_or(&[]);
-    }
-    Ok(out)
-}
-
-/// The error code of an NLMSG_ERROR body (0 for an acknowledgement).
-fn errno_of(body: &[u8]) -> Option<i32> {
-    body.get(..4)
-        .and_then(|b| b.try_into().ok())
-        .map(i32::from_ne_bytes)
-}
-
-fn genl_message(family: u16, flags: u16, seq: u32, cmd: u8, version: u8, attrs: &[u8]) -> Vec<u8> {
-    let len = 16 + 4 + attrs.len();
-    let mut buf = Vec::with_capacity(len);
-    buf.extend_from_slice(&(len as u32).to_ne_bytes());
-    buf.extend_from_slice(&family.to_ne_bytes());
-    buf.extend_from_slice(&(NLM_F_REQUEST | flags).to_ne_bytes());
-    buf.extend_from_slice(&seq.to_ne_bytes());
-    buf.extend_from_slice(&0u32.to_ne_bytes());
-    buf.extend_from_slice(&[cmd, version, 0, 0]);
-    buf.extend_from_slice(attrs);
-    buf
 }
 
 /// A generic netlink socket bound to the IPVS family, in the calling thread's network
@@ -412,7 +323,6 @@ fn genl_message(family: u16, flags: u16, seq: u32, cmd: u8, version: u8, attrs: 
 pub struct IpvsSocket {
     socket: Socket,
     family: u16,
-    seq: u32,
     /// Requests sent (one per operation and per dump), for the benchmarks and reports.
     pub requests: u64,
 }
@@ -429,28 +339,22 @@ impl IpvsSocket {
     /// Opens the socket and resolves the IPVS family; [`GenlError::NoIpvs`] when the kernel
     /// has none (ip_vs not loaded or not built).
     pub fn open() -> Result<IpvsSocket, GenlError> {
-        let mut socket = Socket::new(NETLINK_GENERIC).map_err(GenlError::Socket)?;
-        socket.bind_auto().map_err(GenlError::Socket)?;
-        socket
-            .connect(&SocketAddr::new(0, 0))
-            .map_err(GenlError::Socket)?;
         let mut s = IpvsSocket {
-            socket,
+            socket: Socket::open(NETLINK_GENERIC, "IPVS")?,
             family: GENL_ID_CTRL,
-            seq: 0,
             requests: 0,
         };
-        let mut name = IPVS_GENL_NAME.as_bytes().to_vec();
-        name.push(0);
         let mut a = Vec::new();
-        push_attr(&mut a, CTRL_ATTR_FAMILY_NAME, &name);
+        push_attr(&mut a, CTRL_ATTR_FAMILY_NAME, &cstr(IPVS_GENL_NAME));
         let replies = match s.exchange("family lookup", CTRL_CMD_GETFAMILY, 1, 0, &a) {
-            Err(GenlError::Kernel { errno: 2, .. }) => return Err(GenlError::NoIpvs),
+            Err(GenlError::Netlink(NetlinkError::Kernel { errno: 2, .. })) => {
+                return Err(GenlError::NoIpvs)
+            }
             other => other?,
         };
         let id = replies
             .iter()
-            .find_map(|b| find(b, CTRL_ATTR_FAMILY_ID).and_then(u16_ne))
+            .find_map(|b| find(b, CTRL_ATTR_FAMILY_ID).and_then(ne16))
             .ok_or(GenlError::NoIpvs)?;
         s.family = id;
         Ok(s)
@@ -465,62 +369,18 @@ impl IpvsSocket {
         flags: u16,
         attrs_buf: &[u8],
     ) -> Result<Vec<Vec<u8>>, GenlError> {
-        self.seq = self.seq.wrapping_add(1);
         self.requests += 1;
-        let seq = self.seq;
-        let msg = genl_message(self.family, flags, seq, cmd, version, attrs_buf);
-        self.socket.send(&msg, 0).map_err(GenlError::Socket)?;
-        let malformed = |detail: &str| GenlError::Malformed {
-            what: what.to_string(),
-            detail: detail.to_string(),
-        };
-        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
-        let mut out = Vec::new();
-        loop {
-            let mut datagram: Vec<u8> = Vec::with_capacity(1 << 16);
-            self.socket
-                .recv(&mut datagram, 0)
-                .map_err(GenlError::Socket)?;
-            for (kind, mseq, body) in messages(&datagram).map_err(malformed)? {
-                if mseq != seq {
-                    continue;
-                }
-                match kind {
-                    NLMSG_DONE => return Ok(out),
-                    NLMSG_ERROR => {
-                        let errno = errno_of(body).ok_or_else(|| malformed("short error"))?;
-                        if errno == 0 {
-                            return Ok(out);
-                        }
-                        return Err(GenlError::Kernel {
-                            what: what.to_string(),
-                            errno: -errno,
-                        });
-                    }
-                    _ => out.push(body.get(4..).unwrap_or(&[]).to_vec()),
-                }
-            }
-            if !dump && !out.is_empty() && flags & NLM_F_ACK == 0 {
-                return Ok(out);
-            }
-        }
+        let request = Request::genl(self.family, cmd, version, flags, attrs_buf);
+        Ok(self.socket.request(what, &request)?)
     }
 
     /// Every address/protocol/port virtual service in the kernel.
     pub fn services(&mut self) -> Result<Vec<(ServiceId, ServiceSpec)>, GenlError> {
-        let replies = self.exchange(
-            "list services",
-            CMD_GET_SERVICE,
-            IPVS_GENL_VERSION,
-            NLM_F_DUMP,
-            &[],
-        )?;
+        let what = "list services";
+        let replies = self.exchange(what, CMD_GET_SERVICE, IPVS_GENL_VERSION, NLM_F_DUMP, &[])?;
         let mut out = Vec::new();
         for body in replies {
-            let parsed = decode_service(&body).map_err(|d| GenlError::Malformed {
-                what: "list services".into(),
-                detail: d,
-            })?;
+            let parsed = decode_service(&body).map_err(|d| self.socket.malformed(what, &d))?;
             out.extend(parsed);
         }
         Ok(out)
@@ -538,12 +398,7 @@ impl IpvsSocket {
         )?;
         replies
             .iter()
-            .map(|b| {
-                decode_dest(b).map_err(|d| GenlError::Malformed {
-                    what: what.clone(),
-                    detail: d,
-                })
-            })
+            .map(|b| Ok(decode_dest(b).map_err(|d| self.socket.malformed(&what, &d))?))
             .collect()
     }
 
@@ -556,52 +411,22 @@ impl IpvsSocket {
         const BATCH: usize = 128;
         let mut out = Vec::with_capacity(ops.len());
         for chunk in ops.chunks(BATCH) {
-            let first = self.seq.wrapping_add(1);
             let mut buf = Vec::new();
+            let mut first = None;
             for op in chunk {
-                self.seq = self.seq.wrapping_add(1);
+                let seq = self.socket.next_seq();
+                first.get_or_insert(seq);
                 self.requests += 1;
                 let (cmd, a) = encode(op);
-                buf.extend(genl_message(
-                    self.family,
-                    NLM_F_ACK,
-                    self.seq,
-                    cmd,
-                    IPVS_GENL_VERSION,
-                    &a,
-                ));
+                let request = Request::genl(self.family, cmd, IPVS_GENL_VERSION, NLM_F_ACK, &a);
+                request.write(&mut buf, seq);
             }
-            self.socket.send(&buf, 0).map_err(GenlError::Socket)?;
-            let mut results: Vec<Option<Result<(), GenlError>>> = Vec::new();
-            results.resize_with(chunk.len(), || None);
-            let mut left = chunk.len();
-            while left > 0 {
-                let mut datagram: Vec<u8> = Vec::with_capacity(1 << 16);
-                self.socket
-                    .recv(&mut datagram, 0)
-                    .map_err(GenlError::Socket)?;
-                let replies = messages(&datagram).map_err(|d| GenlError::Malformed {
-                    what: "apply".into(),
-                    detail: d.into(),
-                })?;
-                for (kind, seq, body) in replies {
-                    let i = seq.wrapping_sub(first) as usize;
-                    if kind != NLMSG_ERROR || i >= chunk.len() || results[i].is_some() {
-                        continue;
-                    }
-                    let errno = errno_of(body).unwrap_or(-22);
-                    results[i] = Some(if errno == 0 {
-                        Ok(())
-                    } else {
-                        Err(GenlError::Kernel {
-                            what: chunk[i].to_string(),
-                            errno: -errno,
-                        })
-                    });
-                    left -= 1;
-                }
-            }
-            out.extend(results.into_iter().map(|r| r.unwrap_or(Ok(()))));
+            let first = first.unwrap_or_default();
+            let answers = self.socket.acks("apply", &buf, first, chunk.len())?;
+            out.extend(chunk.iter().zip(answers).map(|(op, errno)| match errno {
+                0 => Ok(()),
+                e => Err(self.socket.kernel_error(&op.to_string(), e).into()),
+            }));
         }
         Ok(out)
     }
@@ -642,11 +467,10 @@ impl IpvsSocket {
     /// IPVS's connection timeouts in seconds: tcp, tcp-fin, udp.
     pub fn timeouts(&mut self) -> Result<(u32, u32, u32), GenlError> {
         let replies = self.exchange("get timeouts", CMD_GET_CONFIG, IPVS_GENL_VERSION, 0, &[])?;
-        let body = replies.first().ok_or_else(|| GenlError::Malformed {
-            what: "get timeouts".into(),
-            detail: "no reply".into(),
-        })?;
-        let get = |kind| find(body, kind).and_then(u32_ne).unwrap_or(0);
+        let body = replies
+            .first()
+            .ok_or_else(|| self.socket.malformed("get timeouts", "no reply"))?;
+        let get = |kind| find(body, kind).and_then(ne32).unwrap_or(0);
         Ok((
             get(CMD_ATTR_TIMEOUT_TCP),
             get(CMD_ATTR_TIMEOUT_TCP_FIN),
@@ -664,12 +488,13 @@ impl IpvsSocket {
 /// Attribute types present in a payload, for tests that check the encoding.
 #[cfg(test)]
 fn kinds(buf: &[u8]) -> Vec<u16> {
-    crate::nft::netlink::attrs(buf).map(|a| a.kind).collect()
+    crate::netlink::attrs(buf).map(|a| a.kind).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netlink::nested;
 
     fn id() -> ServiceId {
         ServiceId {

@@ -5,6 +5,7 @@
 
 use super::genl::{Dest, GenlError, IpvsSocket, Op, ServiceId, ServiceSpec};
 use crate::backend::BackendError;
+use crate::netlink::NetlinkError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -37,7 +38,7 @@ impl IpvsError {
     /// A short, stable label for metrics.
     pub fn reason(&self) -> &'static str {
         match self {
-            IpvsError::Netlink(GenlError::Kernel { .. }) => "rejected",
+            IpvsError::Netlink(GenlError::Netlink(NetlinkError::Kernel { .. })) => "rejected",
             IpvsError::Netlink(_) => "read",
             IpvsError::Ipset(_) => "ipset",
             IpvsError::Link(_) => "link",
@@ -244,10 +245,10 @@ impl DummyLink for FakeIpvs {
 }
 
 fn errno(what: &Op, errno: i32) -> IpvsError {
-    IpvsError::Netlink(GenlError::Kernel {
-        what: what.to_string(),
+    IpvsError::Netlink(GenlError::Netlink(NetlinkError::Kernel {
+        op: format!("IPVS {what}"),
         errno,
-    })
+    }))
 }
 
 impl IpvsKernel for FakeIpvs {

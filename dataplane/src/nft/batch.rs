@@ -6,19 +6,14 @@
 //! a millisecond. Transactions that touch chains, sets or tables, or elements of sets whose
 //! layout this module does not know, still go through `nft -f`.
 
-use super::netlink::*;
+use super::netlink::{Field, Fields};
 use super::skeleton::{SET_FIREWALL_ALLOW, SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS};
-use super::state::TABLE;
+use super::state::{family_name, TABLE};
 use super::transaction::{Op, Transaction};
 use crate::model::IpFamily;
+use crate::netlink::*;
 use std::net::IpAddr;
 
-const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
-const NFNL_MSG_BATCH_END: u16 = 0x11;
-const NFT_MSG_NEWSETELEM: u16 = 12;
-const NFT_MSG_DELSETELEM: u16 = 14;
-const NLM_F_CREATE: u16 = 0x400;
-const NLA_F_NESTED: u16 = 0x8000;
 /// Elements per message, well inside the socket's buffers.
 const PER_MESSAGE: usize = 256;
 
@@ -59,20 +54,16 @@ fn encode_fields(text: &str, fields: &[Field], addr_len: usize) -> Option<Vec<u8
     Some(out)
 }
 
-fn nested(buf: &mut Vec<u8>, kind: u16, inner: &[u8]) {
-    push_attr(buf, kind | NLA_F_NESTED, inner);
-}
-
 /// The NFTA_SET_ELEM_DATA payload of a map value.
 fn encode_value(text: &str, layout: &Fields) -> Option<Vec<u8>> {
     let verdict = |code: i32, chain: Option<&str>| {
-        let mut v = Vec::new();
-        push_attr(&mut v, NFTA_VERDICT_CODE, &code.to_be_bytes());
-        if let Some(c) = chain {
-            push_attr(&mut v, NFTA_VERDICT_CHAIN, &cstr(c));
-        }
         let mut d = Vec::new();
-        nested(&mut d, NFTA_DATA_VERDICT, &v);
+        Attrs(&mut d).nest(NFTA_DATA_VERDICT, |v| {
+            v.put(NFTA_VERDICT_CODE, &code.to_be_bytes());
+            if let Some(c) = chain {
+                v.str(NFTA_VERDICT_CHAIN, c);
+            }
+        });
         d
     };
     if text == "drop" {
@@ -112,17 +103,11 @@ fn encode_element(key: &str, value: Option<&str>, layout: &Fields) -> Option<Vec
     Some(e)
 }
 
-/// One nf_tables message of a batch.
-struct Message {
-    kind: u16,
-    flags: u16,
-    family: u8,
-    attrs: Vec<u8>,
-}
-
-/// The messages that add (or delete) `items` in `set`; `None` when one cannot be encoded.
+/// Writes the messages that add (or delete) `items` in `set` into `batch`, and what each
+/// does into `about`; `None` when one cannot be encoded.
 fn element_messages(
-    out: &mut Vec<Message>,
+    batch: &mut Batch,
+    about: &mut Vec<String>,
     family: IpFamily,
     set: &str,
     items: &[(&str, Option<&str>)],
@@ -139,10 +124,6 @@ fn element_messages(
         value: Vec::new(),
         addr_len: layout.addr_len,
     };
-    let fam = match family {
-        IpFamily::V4 => NFPROTO_IPV4,
-        IpFamily::V6 => NFPROTO_IPV6,
-    };
     for chunk in items.chunks(PER_MESSAGE) {
         let mut list = Vec::new();
         for (k, v) in chunk {
@@ -154,28 +135,30 @@ fn element_messages(
             };
             nested(&mut list, NFTA_LIST_ELEM, &e);
         }
-        let mut attrs = Vec::new();
-        push_attr(&mut attrs, NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE));
-        push_attr(&mut attrs, NFTA_SET_ELEM_LIST_SET, &cstr(set));
-        nested(&mut attrs, NFTA_SET_ELEM_LIST_ELEMENTS, &list);
-        out.push(Message {
-            kind: if delete {
-                NFT_MSG_DELSETELEM
-            } else {
-                NFT_MSG_NEWSETELEM
-            },
-            flags: if delete { 0 } else { NLM_F_CREATE },
-            family: fam,
-            attrs,
+        let (msg, flags, verb) = if delete {
+            (NFT_MSG_DELSETELEM, 0, "deleting")
+        } else {
+            (NFT_MSG_NEWSETELEM, NLM_F_CREATE, "adding")
+        };
+        batch.push(msg, flags, nfproto(family), |a| {
+            a.str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
+            a.str(NFTA_SET_ELEM_LIST_SET, set);
+            a.nest(NFTA_SET_ELEM_LIST_ELEMENTS, |l| l.raw(&list));
         });
+        about.push(format!(
+            "{verb} {} elements of {} {TABLE} set {set}",
+            chunk.len(),
+            family_name(family)
+        ));
     }
     Some(())
 }
 
-/// The netlink messages of an element-only transaction, or `None` when any operation is
-/// not an element operation this module can encode.
-fn encode(tx: &Transaction) -> Option<Vec<Message>> {
-    let mut msgs = Vec::new();
+/// The batch of an element-only transaction with what each message does, or `None` when
+/// any operation is not an element operation this module can encode.
+fn encode(tx: &Transaction) -> Option<(Batch, Vec<String>)> {
+    let mut batch = Batch::new();
+    let mut about = Vec::new();
     for op in &tx.ops {
         match op {
             Op::AddElements {
@@ -187,104 +170,31 @@ fn encode(tx: &Transaction) -> Option<Vec<Message>> {
                     .iter()
                     .map(|(k, v)| (k.as_str(), v.as_deref()))
                     .collect();
-                element_messages(&mut msgs, *family, set, &items, false)?;
+                element_messages(&mut batch, &mut about, *family, set, &items, false)?;
             }
             Op::DeleteElements { family, set, keys } => {
                 let items: Vec<(&str, Option<&str>)> =
                     keys.iter().map(|k| (k.as_str(), None)).collect();
-                element_messages(&mut msgs, *family, set, &items, true)?;
+                element_messages(&mut batch, &mut about, *family, set, &items, true)?;
             }
             _ => return None,
         }
     }
-    Some(msgs)
+    Some((batch, about))
 }
 
 /// Commit `tx` as one batch if it only adds and deletes elements we can encode. `Ok(false)`
 /// means it was not tried (use `nft`); an error means the kernel refused the batch, which
 /// then changed nothing.
 pub fn try_commit(tx: &Transaction) -> Result<bool, NetlinkError> {
-    let Some(msgs) = encode(tx) else {
+    let Some((batch, about)) = encode(tx) else {
         return Ok(false);
     };
-    if msgs.is_empty() {
+    if batch.is_empty() {
         return Ok(true);
     }
-    let mut reader = Reader::open()?;
-    let mut buf = Vec::new();
-    let mut seq = reader.seq;
-    seq += 1;
-    message(
-        &mut buf,
-        NFNL_MSG_BATCH_BEGIN,
-        NLM_F_REQUEST,
-        seq,
-        0,
-        NFNL_SUBSYS_NFTABLES,
-        &[],
-    );
-    for m in &msgs {
-        seq += 1;
-        message(
-            &mut buf,
-            (NFNL_SUBSYS_NFTABLES << 8) | m.kind,
-            NLM_F_REQUEST | NLM_F_ACK | m.flags,
-            seq,
-            m.family,
-            0,
-            &m.attrs,
-        );
-    }
-    seq += 1;
-    message(
-        &mut buf,
-        NFNL_MSG_BATCH_END,
-        NLM_F_REQUEST,
-        seq,
-        0,
-        NFNL_SUBSYS_NFTABLES,
-        &[],
-    );
-    reader.seq = seq;
-    reader.socket.send(&buf, 0).map_err(NetlinkError::Socket)?;
-    // Every message asked for an acknowledgement, errors included; a generation request
-    // after the batch is answered only once they all are.
-    let mut first_error: Option<i32> = None;
-    let fence = reader.seq + 1;
-    reader.seq = fence;
-    let mut g = Vec::new();
-    message(
-        &mut g,
-        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN,
-        NLM_F_REQUEST,
-        fence,
-        0,
-        0,
-        &[],
-    );
-    reader.socket.send(&g, 0).map_err(NetlinkError::Socket)?;
-    loop {
-        for reply in reader.receive()? {
-            if reply.seq == fence {
-                return match first_error {
-                    None => Ok(true),
-                    Some(errno) => Err(NetlinkError::Kernel {
-                        what: format!("element batch of {} operations", tx.ops.len()),
-                        errno,
-                    }),
-                };
-            }
-            if reply.kind == NLMSG_ERROR {
-                let errno = reply
-                    .body
-                    .get(..4)
-                    .and_then(|b| b.try_into().ok())
-                    .map(i32::from_ne_bytes)
-                    .unwrap_or(0);
-                if errno != 0 && first_error.is_none() {
-                    first_error = Some(-errno);
-                }
-            }
-        }
-    }
+    let what = format!("element batch of {} operations", tx.ops.len());
+    let about = |i: usize| about.get(i).cloned().unwrap_or_default();
+    batch.commit(&what, &about)?;
+    Ok(true)
 }

@@ -5,32 +5,22 @@
 //! check, without polling; changes to other programs' tables (a CNI plugin adding rules per
 //! pod) do not wake it.
 
-use super::netlink::{attrs, NetlinkError, Reader, NFNL_SUBSYS_NFTABLES};
 use super::state::TABLE;
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
-
-/// linux/netfilter/nfnetlink.h: the nf_tables multicast group.
-const NFNLGRP_NFTABLES: u32 = 7;
-/// linux/netfilter/nf_tables.h: every table, chain, rule, set, element, object and
-/// flowtable message carries its table's name as attribute 1.
-const NFTA_TABLE: u16 = 1;
-/// errno ENOBUFS: the socket's queue overflowed and notifications were lost.
-const ENOBUFS: i32 = 105;
+use crate::netlink::{
+    attrs, NetlinkError, Socket, NETLINK_NETFILTER, NFNLGRP_NFTABLES, NFNL_SUBSYS_NFTABLES,
+    NFTA_ANY_TABLE,
+};
+use nix::errno::Errno::ENOBUFS;
 
 /// A subscription to the commit notifications of the calling thread's network namespace.
 pub struct Commits {
-    reader: Reader,
+    socket: Socket,
 }
 
 impl Commits {
     pub fn subscribe() -> Result<Commits, NetlinkError> {
-        let mut socket = Socket::new(NETLINK_NETFILTER).map_err(NetlinkError::Socket)?;
-        socket.bind_auto().map_err(NetlinkError::Socket)?;
-        socket
-            .add_membership(NFNLGRP_NFTABLES)
-            .map_err(NetlinkError::Socket)?;
         Ok(Commits {
-            reader: Reader { socket, seq: 0 },
+            socket: Socket::subscribe(NETLINK_NETFILTER, "nfnetlink", NFNLGRP_NFTABLES)?,
         })
     }
 
@@ -39,17 +29,21 @@ impl Commits {
     /// anything may have changed.
     pub fn wait(&mut self) -> Result<usize, NetlinkError> {
         loop {
-            match self.reader.receive() {
+            match self.socket.receive("commit notifications") {
                 Ok(messages) => {
                     let n = messages
                         .iter()
-                        .filter(|m| m.kind >> 8 == NFNL_SUBSYS_NFTABLES && names_our_table(&m.body))
+                        .filter(|m| m.kind >> 8 == NFNL_SUBSYS_NFTABLES && names_our_table(m.body))
                         .count();
                     if n > 0 {
                         return Ok(n);
                     }
                 }
-                Err(NetlinkError::Socket(e)) if e.raw_os_error() == Some(ENOBUFS) => return Ok(1),
+                Err(NetlinkError::Socket { error, .. })
+                    if error.raw_os_error() == Some(ENOBUFS as i32) =>
+                {
+                    return Ok(1)
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -59,7 +53,7 @@ impl Commits {
 /// Whether a notification's body (nfgenmsg, then attributes) names our table.
 fn names_our_table(body: &[u8]) -> bool {
     attrs(body.get(4..).unwrap_or(&[])).any(|a| {
-        a.kind == NFTA_TABLE && a.data.strip_suffix(&[0]).unwrap_or(a.data) == TABLE.as_bytes()
+        a.kind == NFTA_ANY_TABLE && a.data.strip_suffix(&[0]).unwrap_or(a.data) == TABLE.as_bytes()
     })
 }
 

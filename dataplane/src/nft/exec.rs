@@ -1,12 +1,13 @@
 //! The only I/O of the nftables backend: running `nft`, behind a trait with a fake twin.
 
 use super::listing::{parse_table, ListingError};
-use super::netlink::{NetlinkError, Reader};
+use super::netlink::Reader;
 use super::skeleton::MAP_AFFINITY;
 use super::state::{family_name, Ruleset, TABLE};
 use super::transaction::{apply, Op, Transaction};
 use crate::backend::BackendError;
 use crate::model::IpFamily;
+use crate::netlink::NetlinkError;
 use std::collections::BTreeMap;
 
 /// What can go wrong talking to nft.
@@ -218,7 +219,7 @@ impl NftExecutor for NftCommand {
             match super::batch::try_commit(&tx) {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(NftError::Netlink(NetlinkError::Malformed {
-                    what: "affinity delete".into(),
+                    op: "nfnetlink affinity delete".into(),
                     detail: format!("cannot encode {keys:?}"),
                 })),
                 Err(e) => Err(NftError::Netlink(e)),

@@ -3,123 +3,21 @@
 //! `nft -j list table` decodes every element into expressions before printing it: at 10k
 //! services x 10 endpoints that takes 5 s of CPU, which would stall every full sync. The
 //! kernel's own dump of the same table takes milliseconds. The `nftables` crate only wraps
-//! nft's JSON, so this module speaks the four dumps it needs (sets, their elements, chains,
-//! rules) itself, on netlink-sys's socket, and decodes elements into the same canonical text
+//! nft's JSON, so this module asks for the four dumps it needs (sets, their elements, chains,
+//! rules) itself, over [`crate::netlink`], and decodes elements into the same canonical text
 //! as [`super::listing`] (checked against it on a real kernel in `tests/kernel_listing.rs`).
-//! Writes still go through `nft -f`, which is fast for a few elements.
+//! Element-only writes go as netlink batches ([`super::batch`]), the rest through `nft -f`.
 
 use super::skeleton::*;
 use super::state::{family_name, Chain, Set, Table, TABLE};
 use crate::model::IpFamily;
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
+use crate::netlink::*;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-
-pub(crate) const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFT_MSG_GETTABLE: u16 = 1;
-const NFT_MSG_GETCHAIN: u16 = 4;
-pub(crate) const NFT_MSG_GETRULE: u16 = 7;
-const NFT_MSG_GETSET: u16 = 10;
-const NFT_MSG_GETSETELEM: u16 = 13;
-pub(super) const NFT_MSG_GETGEN: u16 = 16;
-
-pub(crate) const NLM_F_REQUEST: u16 = 0x1;
-pub(crate) const NLM_F_ACK: u16 = 0x4;
-pub(crate) const NLM_F_DUMP: u16 = 0x300;
-const NLM_F_DUMP_INTR: u16 = 0x10;
-pub(crate) const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-
-const RECV_BUFFER: usize = 1 << 16;
-
-pub(crate) const NFPROTO_IPV4: u8 = 2;
-pub(crate) const NFPROTO_IPV6: u8 = 10;
-
-// Attribute numbers from linux/netfilter/nf_tables.h.
-const NFTA_TABLE_NAME: u16 = 1;
-const NFTA_GEN_ID: u16 = 1;
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-const NFTA_CHAIN_HOOK: u16 = 4;
-const NFTA_CHAIN_TYPE: u16 = 7;
-const NFTA_HOOK_HOOKNUM: u16 = 1;
-const NFTA_HOOK_PRIORITY: u16 = 2;
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFTA_RULE_USERDATA: u16 = 7;
-const NFTA_SET_TABLE: u16 = 1;
-const NFTA_SET_NAME: u16 = 2;
-const NFTA_SET_FLAGS: u16 = 3;
-const NFTA_SET_USERDATA: u16 = 13;
-pub(super) const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
-pub(super) const NFTA_SET_ELEM_LIST_SET: u16 = 2;
-pub(super) const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-pub(super) const NFTA_LIST_ELEM: u16 = 1;
-pub(super) const NFTA_SET_ELEM_KEY: u16 = 1;
-pub(super) const NFTA_SET_ELEM_DATA: u16 = 2;
-const NFTA_SET_ELEM_FLAGS: u16 = 3;
-const NFTA_SET_ELEM_KEY_END: u16 = 10;
-pub(super) const NFTA_DATA_VALUE: u16 = 1;
-pub(super) const NFTA_DATA_VERDICT: u16 = 2;
-pub(super) const NFTA_VERDICT_CODE: u16 = 1;
-pub(super) const NFTA_VERDICT_CHAIN: u16 = 2;
-
-const NFT_SET_INTERVAL: u32 = 0x4;
-const NFT_SET_MAP: u32 = 0x8;
-const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
 
 // libnftnl's user-data TLV types, where nft keeps comments.
 const UDATA_SET_COMMENT: u8 = 7;
 const UDATA_RULE_COMMENT: u8 = 0;
-
-/// What can go wrong reading the kernel.
-#[derive(Debug, thiserror::Error)]
-pub enum NetlinkError {
-    #[error("nfnetlink socket: {0}")]
-    Socket(std::io::Error),
-    #[error("nfnetlink {what}: kernel answered error {errno}")]
-    Kernel { what: String, errno: i32 },
-    #[error("nfnetlink {what}: malformed reply: {detail}")]
-    Malformed { what: String, detail: String },
-    #[error("nfnetlink {0}: the ruleset kept changing during the dump")]
-    Interrupted(String),
-}
-
-/// One netlink attribute: its type (flags masked off) and payload.
-pub(crate) struct Attr<'a> {
-    pub(crate) kind: u16,
-    pub(crate) data: &'a [u8],
-}
-
-pub(crate) fn attrs(mut buf: &[u8]) -> impl Iterator<Item = Attr<'_>> {
-    std::iter::from_fn(move || {
-        if buf.len() < 4 {
-            return None;
-        }
-        let len = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
-        let kind = u16::from_ne_bytes([buf[2], buf[3]]) & 0x3fff;
-        if len < 4 || len > buf.len() {
-            return None;
-        }
-        let data = &buf[4..len];
-        buf = buf.get((len + 3) & !3..).unwrap_or(&[]);
-        Some(Attr { kind, data })
-    })
-}
-
-pub(crate) fn find(buf: &[u8], kind: u16) -> Option<&[u8]> {
-    attrs(buf).find(|a| a.kind == kind).map(|a| a.data)
-}
-
-fn text(data: &[u8]) -> String {
-    String::from_utf8_lossy(data)
-        .trim_end_matches('\0')
-        .to_string()
-}
-
-pub(super) fn be32(data: &[u8]) -> Option<u32> {
-    Some(u32::from_be_bytes(data.get(..4)?.try_into().ok()?))
-}
 
 /// A comment kept in libnftnl's user-data TLVs.
 fn udata_comment(data: &[u8], kind: u8) -> String {
@@ -137,194 +35,29 @@ fn udata_comment(data: &[u8], kind: u8) -> String {
     String::new()
 }
 
-pub(crate) fn push_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
-    let len = 4 + value.len();
-    buf.extend_from_slice(&(len as u16).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(value);
-    buf.resize((buf.len() + 3) & !3, 0);
-}
-
-pub(super) fn cstr(s: &str) -> Vec<u8> {
-    let mut v = s.as_bytes().to_vec();
-    v.push(0);
-    v
-}
-
-/// Append one netlink message with its nfgenmsg header (`res_id` is big-endian on the wire).
-pub(super) fn message(
-    buf: &mut Vec<u8>,
-    kind: u16,
-    flags: u16,
-    seq: u32,
-    family: u8,
-    res_id: u16,
-    attrs: &[u8],
-) {
-    let len = 16 + 4 + attrs.len();
-    buf.extend_from_slice(&(len as u32).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(&flags.to_ne_bytes());
-    buf.extend_from_slice(&seq.to_ne_bytes());
-    buf.extend_from_slice(&0u32.to_ne_bytes());
-    buf.push(family);
-    buf.push(0);
-    buf.extend_from_slice(&res_id.to_be_bytes());
-    buf.extend_from_slice(attrs);
-}
-
-/// One message from the kernel: its header fields and what follows the header.
-pub(super) struct Reply {
-    pub(super) kind: u16,
-    pub(super) flags: u16,
-    pub(super) seq: u32,
-    pub(super) body: Vec<u8>,
-}
-
-/// An open nfnetlink socket in the calling thread's network namespace.
+/// An open nfnetlink socket in the calling thread's network namespace, reading nf_tables.
 pub struct Reader {
-    pub(super) socket: Socket,
-    pub(super) seq: u32,
+    socket: Socket,
 }
 
 impl Reader {
     pub fn open() -> Result<Reader, NetlinkError> {
-        let mut socket = Socket::new(NETLINK_NETFILTER).map_err(NetlinkError::Socket)?;
-        socket.bind_auto().map_err(NetlinkError::Socket)?;
-        socket
-            .connect(&SocketAddr::new(0, 0))
-            .map_err(NetlinkError::Socket)?;
-        Ok(Reader { socket, seq: 0 })
+        Ok(Reader {
+            socket: Socket::open(NETLINK_NETFILTER, "nfnetlink")?,
+        })
     }
 
-    /// Send one nf_tables request; collect the payloads (after the nfgenmsg header) of
-    /// every reply.
-    pub(super) fn request(
+    /// Sends one nf_tables request; the payloads (after the nfgenmsg header) of the replies.
+    fn request(
         &mut self,
         what: &str,
         msg: u16,
         flags: u16,
         family: u8,
-        attrs_buf: &[u8],
+        attrs: &[u8],
     ) -> Result<Vec<Vec<u8>>, NetlinkError> {
-        self.request_to(what, NFNL_SUBSYS_NFTABLES, msg, flags, family, attrs_buf)
-    }
-
-    /// [`Self::request`] to any nfnetlink subsystem (ctnetlink for conntrack).
-    pub(crate) fn request_to(
-        &mut self,
-        what: &str,
-        subsys: u16,
-        msg: u16,
-        flags: u16,
-        family: u8,
-        attrs_buf: &[u8],
-    ) -> Result<Vec<Vec<u8>>, NetlinkError> {
-        let mut out = Vec::new();
-        self.request_each(what, subsys, msg, flags, family, attrs_buf, &mut |body| {
-            out.push(body.to_vec())
-        })?;
-        Ok(out)
-    }
-
-    /// [`Self::request_to`], handing each reply's payload to `each` as it arrives instead
-    /// of collecting them (a conntrack dump can be large).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn request_each(
-        &mut self,
-        what: &str,
-        subsys: u16,
-        msg: u16,
-        flags: u16,
-        family: u8,
-        attrs_buf: &[u8],
-        each: &mut dyn FnMut(&[u8]),
-    ) -> Result<(), NetlinkError> {
-        self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
-        let mut buf = Vec::with_capacity(32 + attrs_buf.len());
-        message(
-            &mut buf,
-            (subsys << 8) | msg,
-            NLM_F_REQUEST | flags,
-            seq,
-            family,
-            0,
-            attrs_buf,
-        );
-        self.socket.send(&buf, 0).map_err(NetlinkError::Socket)?;
-        let malformed = |detail: &str| NetlinkError::Malformed {
-            what: what.to_string(),
-            detail: detail.to_string(),
-        };
-        let mut replies = 0usize;
-        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
-        loop {
-            for reply in self.receive()? {
-                let (kind, mflags, mseq, body) = (reply.kind, reply.flags, reply.seq, &reply.body);
-                if mseq != seq {
-                    continue;
-                }
-                if mflags & NLM_F_DUMP_INTR != 0 {
-                    return Err(NetlinkError::Interrupted(what.to_string()));
-                }
-                match kind {
-                    NLMSG_DONE => return Ok(()),
-                    NLMSG_ERROR => {
-                        let errno = body
-                            .get(..4)
-                            .and_then(|b| b.try_into().ok())
-                            .map(i32::from_ne_bytes)
-                            .ok_or_else(|| malformed("short error"))?;
-                        if errno == 0 {
-                            // The ACK that ends a non-dump request.
-                            return Ok(());
-                        }
-                        return Err(NetlinkError::Kernel {
-                            what: what.to_string(),
-                            errno: -errno,
-                        });
-                    }
-                    _ => {
-                        replies += 1;
-                        each(body.get(4..).unwrap_or(&[]));
-                    }
-                }
-            }
-            if !dump && replies > 0 && flags & NLM_F_ACK == 0 {
-                return Ok(());
-            }
-        }
-    }
-
-    /// One datagram from the kernel, split into its messages.
-    pub(super) fn receive(&mut self) -> Result<Vec<Reply>, NetlinkError> {
-        // A large buffer matters: the kernel sizes each dump batch by the largest read
-        // seen (up to 32 KiB), and every batch of a hash set's dump walks the set from the
-        // start, so small reads make a 100k-element dump quadratic and take seconds.
-        let mut datagram: Vec<u8> = Vec::with_capacity(RECV_BUFFER);
-        self.socket
-            .recv(&mut datagram, 0)
-            .map_err(NetlinkError::Socket)?;
-        let mut out = Vec::new();
-        let mut rest = datagram.as_slice();
-        while rest.len() >= 16 {
-            let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-            if len < 16 || len > rest.len() {
-                return Err(NetlinkError::Malformed {
-                    what: "reply".into(),
-                    detail: "bad message length".into(),
-                });
-            }
-            out.push(Reply {
-                kind: u16::from_ne_bytes([rest[4], rest[5]]),
-                flags: u16::from_ne_bytes([rest[6], rest[7]]),
-                seq: u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]),
-                body: rest[16..len].to_vec(),
-            });
-            rest = rest.get((len + 3) & !3..).unwrap_or(&[]);
-        }
-        Ok(out)
+        let request = Request::nfnl(NFNL_SUBSYS_NFTABLES, msg, flags, family, attrs);
+        self.socket.request(what, &request)
     }
 
     fn dump(
@@ -332,16 +65,18 @@ impl Reader {
         what: &str,
         msg: u16,
         family: u8,
-        attrs_buf: &[u8],
+        attrs: &[u8],
     ) -> Result<Vec<Vec<u8>>, NetlinkError> {
         // A dump interrupted by a concurrent change is retried, as nft does.
         for _ in 0..3 {
-            match self.request(what, msg, NLM_F_DUMP, family, attrs_buf) {
-                Err(NetlinkError::Interrupted(_)) => continue,
+            match self.request(what, msg, NLM_F_DUMP, family, attrs) {
+                Err(NetlinkError::Interrupted { .. }) => continue,
                 other => return other,
             }
         }
-        Err(NetlinkError::Interrupted(what.to_string()))
+        Err(NetlinkError::Interrupted {
+            op: format!("nfnetlink {what}"),
+        })
     }
 
     /// The ruleset generation: it changes with every commit, so equal values before and
@@ -352,18 +87,12 @@ impl Reader {
             .first()
             .and_then(|b| find(b, NFTA_GEN_ID))
             .and_then(be32)
-            .ok_or_else(|| NetlinkError::Malformed {
-                what: "generation".into(),
-                detail: "no generation id".into(),
-            })
+            .ok_or_else(|| self.socket.malformed("generation", "no generation id"))
     }
 
     /// Our table of `family` as the kernel holds it; `None` when there is none.
     pub fn table(&mut self, family: IpFamily) -> Result<Option<Table>, NetlinkError> {
-        let fam = match family {
-            IpFamily::V4 => NFPROTO_IPV4,
-            IpFamily::V6 => NFPROTO_IPV6,
-        };
+        let fam = nfproto(family);
         let what = |o: &str| format!("{o} of {} {TABLE}", family_name(family));
         let mut a = Vec::new();
         push_attr(&mut a, NFTA_TABLE_NAME, &cstr(TABLE));
@@ -432,10 +161,8 @@ impl Reader {
             }
             let chain = find(&body, NFTA_RULE_CHAIN).map(text).unwrap_or_default();
             let Some(c) = table.chains.get_mut(&chain) else {
-                return Err(NetlinkError::Malformed {
-                    what: what("rules"),
-                    detail: format!("rule of unknown chain {chain}"),
-                });
+                let detail = format!("rule of unknown chain {chain}");
+                return Err(self.socket.malformed(&what("rules"), &detail));
             };
             if c.rules.is_empty() {
                 c.fingerprint = find(&body, NFTA_RULE_USERDATA)
@@ -455,10 +182,7 @@ impl Reader {
         name: &str,
         interval: bool,
     ) -> Result<BTreeMap<String, Option<String>>, NetlinkError> {
-        let fam = match family {
-            IpFamily::V4 => NFPROTO_IPV4,
-            IpFamily::V6 => NFPROTO_IPV6,
-        };
+        let fam = nfproto(family);
         let mut q = Vec::new();
         push_attr(&mut q, NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE));
         push_attr(&mut q, NFTA_SET_ELEM_LIST_SET, &cstr(name));
@@ -564,16 +288,6 @@ impl Fields {
     }
 }
 
-fn addr(bytes: &[u8]) -> Option<IpAddr> {
-    match bytes.len() {
-        4 => Some(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(bytes).ok()?))),
-        16 => Some(IpAddr::V6(Ipv6Addr::from(
-            <[u8; 16]>::try_from(bytes).ok()?,
-        ))),
-        _ => None,
-    }
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -595,7 +309,7 @@ fn fields_text(bytes: &[u8], fields: &[Field], addr_len: usize) -> String {
             return hex(bytes);
         };
         parts.push(match f {
-            Field::Addr => match addr(b) {
+            Field::Addr => match ip(b) {
                 Some(a) => a.to_string(),
                 None => return hex(bytes),
             },
