@@ -108,7 +108,7 @@ fn in_process(services: usize, changes: usize, variant: Variant) {
         created: Vec::new(),
     });
     let t = Instant::now();
-    be.sync(&snap, Scope::All).expect("cold sync");
+    be.sync(&snap, Scope::AllServices).expect("cold sync");
     let cold = t.elapsed();
     let cold_restores: Duration = be.executor().restores.iter().sum();
     let cold_saves: Duration = be.executor().saves.iter().sum();
@@ -116,7 +116,7 @@ fn in_process(services: usize, changes: usize, variant: Variant) {
     // SY_BENCH_FULL_RESYNC=0 skips it: on iptables-nft it costs about as much as the cold sync.
     let full = (std::env::var("SY_BENCH_FULL_RESYNC").as_deref() != Ok("0")).then(|| {
         let t = Instant::now();
-        let r = be.sync(&snap, Scope::Full).expect("full resync");
+        let r = be.sync(&snap, Scope::RepairAll).expect("full resync");
         assert!(!r.drift, "{}", r.summary());
         t.elapsed()
     });

@@ -58,7 +58,7 @@ fn ipvs(services: usize, changes: usize) {
         IpvsOptions::default(),
     );
     let t = Instant::now();
-    be.sync(&snap, Scope::All).expect("cold sync");
+    be.sync(&snap, Scope::AllServices).expect("cold sync");
     let cold = t.elapsed();
     let c = be.last.clone();
     println!(
@@ -69,7 +69,7 @@ fn ipvs(services: usize, changes: usize) {
         c.address_changes
     );
     let t = Instant::now();
-    let r = be.sync(&snap, Scope::Full).expect("full resync");
+    let r = be.sync(&snap, Scope::RepairAll).expect("full resync");
     let full = t.elapsed();
     assert!(!r.drift, "{}", r.summary());
     println!(
@@ -102,7 +102,7 @@ fn nftables_reference(services: usize, changes: usize) {
     let mut snap = synth::cluster(services, 10);
     let mut be = NftBackend::new(NftCommand::default());
     let t = Instant::now();
-    be.sync(&snap, Scope::All).expect("cold sync");
+    be.sync(&snap, Scope::AllServices).expect("cold sync");
     let cold = t.elapsed();
     let mut totals = common::endpoint_changes(&mut snap, services, changes, |snap, changed| {
         be.sync(snap, Scope::Services(changed))

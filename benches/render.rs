@@ -7,7 +7,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use dataplane::nft::layout::desired;
-use dataplane::nft::state::Ruleset;
+use dataplane::nft::tables::Ruleset;
 use dataplane::nft::transaction::diff;
 use dataplane::synth;
 use std::hint::black_box;
@@ -69,7 +69,8 @@ fn bench(c: &mut Criterion) {
         use dataplane::backend::Backend as _;
         let mut be = dataplane::iptables::IptablesBackend::new(NullIptables);
         let mut snap = snap;
-        be.sync(&snap, dataplane::backend::Scope::All).unwrap();
+        be.sync(&snap, dataplane::backend::Scope::AllServices)
+            .unwrap();
         let mut generation = 0;
         g.bench_function(BenchmarkId::new("one_change_partial_sync", n), |b| {
             b.iter(|| {
@@ -139,7 +140,7 @@ fn bench_ipvs(c: &mut Criterion) {
         let mut k = FakeIpvs::default();
         k.addresses.local = node_ips.clone();
         let mut be = IpvsBackend::new(k, FakeIptables::default(), IpvsOptions::default());
-        be.sync(&snap, Scope::All).unwrap();
+        be.sync(&snap, Scope::AllServices).unwrap();
         let mut generation = 0;
         g.bench_function(
             BenchmarkId::new("one_change_partial_sync_on_fakes", n),

@@ -10,7 +10,7 @@
 
 use dataplane::backend::{Backend, Scope};
 use dataplane::nft::exec::{NftCommand, NftError, NftExecutor};
-use dataplane::nft::state::Ruleset;
+use dataplane::nft::tables::Ruleset;
 use dataplane::nft::transaction::Transaction;
 use dataplane::nft::NftBackend;
 use dataplane::synth;
@@ -64,7 +64,7 @@ fn one_change(services: usize, changes: usize, out: &mut String) {
         applies: Vec::new(),
     });
     let t = Instant::now();
-    be.sync(&snap, Scope::All).expect("cold sync");
+    be.sync(&snap, Scope::AllServices).expect("cold sync");
     let cold = t.elapsed();
     let mut totals = common::endpoint_changes(&mut snap, services, changes, |snap, changed| {
         let r = be

@@ -151,7 +151,11 @@ fn sync(args: &SyncArgs) -> Result<(), CommandError> {
     }
     let (cfg, snap) = load(&args.inputs)?;
     let mut backend = crate::backends::for_mode(&cfg)?;
-    let scope = if args.full { Scope::Full } else { Scope::All };
+    let scope = if args.full {
+        Scope::RepairAll
+    } else {
+        Scope::AllServices
+    };
     let report = backend.sync(&snap, scope)?;
     for c in &report.conflicts {
         tracing::warn!("{c}");

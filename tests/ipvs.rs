@@ -220,7 +220,7 @@ fn guest_backend_changes() {
         let mut b = IpvsBackend::new(kernel, IptablesCommand::for_variant(None), options);
         let (n, per) = (200, 10);
         let mut snap = synth::cluster(n, per);
-        let r = b.sync(&snap, Scope::All).unwrap();
+        let r = b.sync(&snap, Scope::AllServices).unwrap();
         assert!(r.full);
         assert_eq!(b.last.operations, n + n * per, "{:?}", b.last);
         let mut s = IpvsSocket::open().unwrap();
@@ -263,9 +263,9 @@ fn guest_backend_changes() {
         assert_eq!(servers(&mut s, 7), want7);
         assert_eq!(servers(&mut s, 8).len(), per);
 
-        b.sync(&snap, Scope::All).unwrap();
+        b.sync(&snap, Scope::AllServices).unwrap();
         assert_eq!(b.last.operations, 0, "nothing new: {:?}", b.last);
-        b.sync(&snap, Scope::Full).unwrap();
+        b.sync(&snap, Scope::RepairAll).unwrap();
         assert_eq!(b.last.operations, 0, "an intact kernel: {:?}", b.last);
 
         // Someone deletes a server; the periodic full resync puts it back, and only it.
@@ -276,7 +276,7 @@ fn guest_backend_changes() {
         };
         s.apply(&Op::DeleteDest(id9, synth::endpoint_ip(9, 0, 0), 8080))
             .unwrap();
-        b.sync(&snap, Scope::Full).unwrap();
+        b.sync(&snap, Scope::RepairAll).unwrap();
         assert_eq!(b.last.operations, 1, "{:?}", b.last);
         assert_eq!(servers(&mut s, 9).len(), per);
 

@@ -15,7 +15,7 @@ mod netns;
 use dataplane::model::*;
 use dataplane::nft::exec::{NftCommand, NftExecutor};
 use dataplane::nft::layout;
-use dataplane::nft::state::Ruleset;
+use dataplane::nft::tables::Ruleset;
 use dataplane::nft::transaction::diff;
 use dataplane::nft::NftBackend;
 use std::net::IpAddr;
@@ -333,7 +333,7 @@ fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
             assert!(out.status.success(), "nft {args:?}: {out:?}");
         };
         let mut be = NftBackend::new(NftCommand::default());
-        let r = be.sync(&before, Scope::Full).expect("first sync");
+        let r = be.sync(&before, Scope::RepairAll).expect("first sync");
         assert!(r.stats.operations() > 10, "{}", r.summary());
         assert!(be.kernel_unchanged(), "read, then one `nft -f` commit");
 
@@ -364,7 +364,7 @@ fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
         // Someone else's commit, to another table: only a read can tell.
         nft(&["add", "table", "ip", "someone-else"]);
         assert!(!be.kernel_unchanged(), "a foreign commit");
-        let r = be.sync(&grown, Scope::Full).expect("full sync");
+        let r = be.sync(&grown, Scope::RepairAll).expect("full sync");
         assert!(!r.drift, "the other table is not ours: {}", r.summary());
         assert!(be.kernel_unchanged(), "a full sync re-reads");
 
@@ -378,7 +378,7 @@ fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
             "{ 172.16.0.99 }",
         ]);
         assert!(!be.kernel_unchanged(), "a deletion in our table");
-        let r = be.sync(&grown, Scope::Full).expect("repair");
+        let r = be.sync(&grown, Scope::RepairAll).expect("repair");
         assert!(r.drift && r.stats.elements_added > 0, "{}", r.summary());
         assert!(be.kernel_unchanged());
         Ok(())
@@ -414,7 +414,9 @@ fn one_family_refused_leaves_the_other_programmed() {
             program: wrapper.to_string_lossy().into_owned(),
             netlink_batches: false,
         });
-        let err = be.sync(&snap, dataplane::backend::Scope::All).unwrap_err();
+        let err = be
+            .sync(&snap, dataplane::backend::Scope::AllServices)
+            .unwrap_err();
         Ok((err.to_string(), NftCommand::default().read().unwrap()))
     })
     .unwrap();

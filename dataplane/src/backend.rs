@@ -225,18 +225,20 @@ pub type ServiceKey = (String, String);
 pub enum Scope<'a> {
     /// Re-read the kernel and repair whatever differs from the layout (someone's edits or
     /// deletions): nftables mode rewrites every chain, iptables mode every chain whose
-    /// rules differ from what iptables-save shows.
-    Full,
-    /// Lay out every service again, against what the last sync committed.
-    All,
+    /// rules differ from what iptables-save shows. kube-proxy's "full sync".
+    RepairAll,
+    /// Lay out every service again, against what the last sync committed (the kernel is
+    /// not read back).
+    AllServices,
     /// Only these services changed since the last sync (their ports, their endpoints or
     /// both); everything else stays as the last sync left it. A backend may widen this.
     Services(&'a BTreeSet<ServiceKey>),
 }
 
 impl Scope<'_> {
+    /// Whether this is a full sync in kube-proxy's sense (the kernel read back and repaired).
     pub fn is_full(&self) -> bool {
-        matches!(self, Scope::Full)
+        matches!(self, Scope::RepairAll)
     }
 }
 

@@ -368,9 +368,9 @@ impl Agent {
         merge_changes(&mut self.unsynced, changes);
         let changed = self.unsynced.services_touched();
         let scope = if full {
-            Scope::Full
+            Scope::RepairAll
         } else if self.unsynced.node {
-            Scope::All
+            Scope::AllServices
         } else {
             Scope::Services(&changed)
         };

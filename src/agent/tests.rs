@@ -37,8 +37,8 @@ impl Backend for FakeBackend {
     fn sync(&mut self, snapshot: &Snapshot, scope: Scope<'_>) -> Result<SyncReport, BackendError> {
         let mut s = self.0.lock().unwrap();
         s.scopes.push(match scope {
-            Scope::Full => "full".to_string(),
-            Scope::All => "all".to_string(),
+            Scope::RepairAll => "full".to_string(),
+            Scope::AllServices => "all".to_string(),
             Scope::Services(set) if set.is_empty() => "nothing".to_string(),
             Scope::Services(set) => set
                 .iter()

@@ -234,10 +234,10 @@ fn foreign() -> FakeIptables {
 fn full_sync_adds_jumps_once_removes_stale_chains_and_keeps_foreign_rules() {
     let mut b = IptablesBackend::new(foreign());
     let s = snapshot(&["10.180.0.1"]);
-    let r = b.sync(&s, Scope::Full).unwrap();
+    let r = b.sync(&s, Scope::RepairAll).unwrap();
     assert!(r.full);
     for _ in 0..2 {
-        b.sync(&s, Scope::Full).unwrap();
+        b.sync(&s, Scope::RepairAll).unwrap();
     }
     let f = b.executor();
     assert_eq!(jump_count(f, "nat", "PREROUTING", SERVICES), 1);
@@ -274,7 +274,7 @@ fn full_sync_adds_jumps_once_removes_stale_chains_and_keeps_foreign_rules() {
 #[test]
 fn partial_sync_rewrites_only_the_changed_service() {
     let mut b = IptablesBackend::new(FakeIptables::default());
-    b.sync(&snapshot(&["10.180.0.1", "10.180.0.2"]), Scope::All)
+    b.sync(&snapshot(&["10.180.0.1", "10.180.0.2"]), Scope::AllServices)
         .unwrap();
     let saves = b.executor().saves;
     let changed = BTreeSet::from([("ns1".to_string(), "svc1".to_string())]);
@@ -323,7 +323,7 @@ fn partial_sync_rewrites_only_the_changed_service() {
     let empty_left = &b.executor().families[&IpFamily::V4].tables["nat"];
     assert!(!empty_left.rules.iter().any(|(c, _)| c == extra[0]));
     // The next full sync deletes it; the kernel then holds exactly the layout.
-    b.sync(&snapshot(&["10.180.0.1", "10.180.0.3"]), Scope::Full)
+    b.sync(&snapshot(&["10.180.0.1", "10.180.0.3"]), Scope::RepairAll)
         .unwrap();
     assert_eq!(owned_nat(&b), want);
     assert_eq!(r.stats.chains_deleted, 0);
@@ -342,11 +342,15 @@ fn partial_sync_rewrites_only_the_changed_service() {
 fn a_failed_restore_forces_a_full_sync_of_that_family() {
     let mut b = IptablesBackend::new(FakeIptables::default());
     let s = snapshot(&["10.180.0.1"]);
-    b.sync(&s, Scope::All).unwrap();
+    b.sync(&s, Scope::AllServices).unwrap();
     b.exec.fail_next = Some("boom".into());
-    assert!(b.sync(&snapshot(&["10.180.0.2"]), Scope::All).is_err());
+    assert!(b
+        .sync(&snapshot(&["10.180.0.2"]), Scope::AllServices)
+        .is_err());
     let saves = b.executor().saves;
-    let r = b.sync(&snapshot(&["10.180.0.2"]), Scope::All).unwrap();
+    let r = b
+        .sync(&snapshot(&["10.180.0.2"]), Scope::AllServices)
+        .unwrap();
     assert!(r.full);
     assert_eq!(
         b.executor().saves,
@@ -359,8 +363,8 @@ fn a_failed_restore_forces_a_full_sync_of_that_family() {
 fn drift_is_noticed_by_the_next_full_sync() {
     let mut b = IptablesBackend::new(FakeIptables::default());
     let s = snapshot(&["10.180.0.1"]);
-    assert!(!b.sync(&s, Scope::All).unwrap().drift);
-    assert!(!b.sync(&s, Scope::Full).unwrap().drift);
+    assert!(!b.sync(&s, Scope::AllServices).unwrap().drift);
+    assert!(!b.sync(&s, Scope::RepairAll).unwrap().drift);
     // Someone flushes the nat table.
     b.exec
         .families
@@ -369,7 +373,7 @@ fn drift_is_noticed_by_the_next_full_sync() {
         .tables
         .remove("nat");
     assert!(b.canary_missing().unwrap(), "the canary tells");
-    let r = b.sync(&s, Scope::Full).unwrap();
+    let r = b.sync(&s, Scope::RepairAll).unwrap();
     assert!(r.drift);
     assert!(!b.canary_missing().unwrap());
     assert!(b.executor().families[&IpFamily::V4].tables["nat"]
@@ -380,7 +384,8 @@ fn drift_is_noticed_by_the_next_full_sync() {
 #[test]
 fn cleanup_removes_ours_and_nothing_else() {
     let mut b = IptablesBackend::new(foreign());
-    b.sync(&snapshot(&["10.180.0.1"]), Scope::Full).unwrap();
+    b.sync(&snapshot(&["10.180.0.1"]), Scope::RepairAll)
+        .unwrap();
     let removed = b.cleanup().unwrap();
     assert!(removed > 10, "{removed}");
     let f = b.executor();
@@ -411,10 +416,11 @@ fn localhost_node_ports_enable_route_localnet_and_the_martian_guard() {
     let nat6 = &table(&s, IpFamily::V6, TableName::Nat);
     assert!(nat6[SERVICES].last().unwrap().contains("! -d ::1/128"));
     let mut b = IptablesBackend::new(FakeIptables::default());
-    b.sync(&s, Scope::All).unwrap();
+    b.sync(&s, Scope::AllServices).unwrap();
     assert!(b.executor().route_localnet);
     let mut b = IptablesBackend::new(FakeIptables::default());
-    b.sync(&snapshot(&["10.180.0.1"]), Scope::All).unwrap();
+    b.sync(&snapshot(&["10.180.0.1"]), Scope::AllServices)
+        .unwrap();
     assert!(!b.executor().route_localnet);
 }
 
@@ -495,7 +501,7 @@ fn rerendering_changed_services_equals_rendering_everything() {
 fn an_endpoint_change_writes_one_service_chain_and_one_endpoint_chain() {
     let mut s = crate::synth::cluster(30, 10);
     let mut b = IptablesBackend::new(FakeIptables::default());
-    b.sync(&s, Scope::All).unwrap();
+    b.sync(&s, Scope::AllServices).unwrap();
     crate::synth::replace_endpoint(&mut s, 7, 3, 1);
     let changed = BTreeSet::from([("bench".to_string(), "svc-7".to_string())]);
     b.sync(&s, Scope::Services(&changed)).unwrap();
@@ -514,7 +520,8 @@ fn cleanup_keeps_a_chain_another_tool_still_jumps_to() {
     let mut fake = foreign();
     nat_mut(&mut fake).chains.insert("CALICO-NAT".into());
     let mut b = IptablesBackend::new(fake);
-    b.sync(&snapshot(&["10.180.0.1"]), Scope::Full).unwrap();
+    b.sync(&snapshot(&["10.180.0.1"]), Scope::RepairAll)
+        .unwrap();
     nat_mut(&mut b.exec)
         .rules
         .push(("CALICO-NAT".into(), format!("-j {MARK_MASQ}")));
@@ -538,7 +545,7 @@ fn cleanup_keeps_a_chain_another_tool_still_jumps_to() {
 fn a_family_without_services_that_cannot_be_programmed_does_not_fail_the_sync() {
     let mut b = IptablesBackend::new(FakeIptables::default());
     b.exec.fail_v6 = true;
-    let r = b.sync(&snapshot(&["10.180.0.1"]), Scope::All);
+    let r = b.sync(&snapshot(&["10.180.0.1"]), Scope::AllServices);
     assert!(r.is_ok(), "{r:?}");
     let changed = BTreeSet::from([("ns1".to_string(), "svc1".to_string())]);
     let r = b
@@ -554,7 +561,8 @@ fn a_stale_chain_another_tool_jumps_to_is_emptied_not_deleted() {
         .rules
         .push(("PREROUTING".into(), "-j KUBE-SEP-STALESTALESTALE1".into()));
     let mut b = IptablesBackend::new(fake);
-    b.sync(&snapshot(&["10.180.0.1"]), Scope::Full).unwrap();
+    b.sync(&snapshot(&["10.180.0.1"]), Scope::RepairAll)
+        .unwrap();
     let nat = &b.executor().families[&IpFamily::V4].tables["nat"];
     assert!(nat.chains.contains("KUBE-SEP-STALESTALESTALE1"));
     assert!(!nat
@@ -636,7 +644,7 @@ fn large_clusters_leave_the_comments_off_the_endpoint_rules_as_kube_proxy_does()
 fn crossing_the_large_cluster_threshold_rewrites_every_endpoint_rule_in_a_partial_sync() {
     let mut s = crate::synth::cluster(100, 10);
     let mut b = IptablesBackend::new(FakeIptables::default());
-    b.sync(&s, Scope::All).unwrap();
+    b.sync(&s, Scope::AllServices).unwrap();
     crate::synth::add_service(&mut s, 100, 1);
     let changed = BTreeSet::from([("bench".to_string(), "svc-100".to_string())]);
     let r = b.sync(&s, Scope::Services(&changed)).unwrap();
@@ -680,12 +688,12 @@ fn large_blocks_for_iptables_nft_read_the_whole_table_and_follow_the_kernels_wal
         style: Style::Nft,
         ..FakeIptables::default()
     });
-    empty.sync(&s, Scope::All).unwrap();
+    empty.sync(&s, Scope::AllServices).unwrap();
     let mut b = IptablesBackend::new(FakeIptables {
         style: Style::Nft,
         ..foreign()
     });
-    b.sync(&s, Scope::All).unwrap();
+    b.sync(&s, Scope::AllServices).unwrap();
     let inputs: Vec<&String> = b
         .executor()
         .inputs
@@ -786,7 +794,7 @@ fn large_blocks_for_iptables_nft_read_the_whole_table_and_follow_the_kernels_wal
     // The next full sync finds the kernel as it should be and writes nothing; when a
     // service chain drifted, it writes that chain alone, plainly.
     let before = b.executor().inputs.len();
-    let r = b.sync(&s, Scope::Full).unwrap();
+    let r = b.sync(&s, Scope::RepairAll).unwrap();
     assert_eq!(b.executor().inputs.len(), before, "{}", r.summary());
     let sep = {
         let nat = &mut b
@@ -805,7 +813,7 @@ fn large_blocks_for_iptables_nft_read_the_whole_table_and_follow_the_kernels_wal
         nat.rules.retain(|(c, _)| *c != sep);
         sep
     };
-    b.sync(&s, Scope::Full).unwrap();
+    b.sync(&s, Scope::RepairAll).unwrap();
     let (_, last) = b.executor().inputs.last().unwrap();
     let declared: Vec<&str> = last.lines().filter(|l| l.starts_with(':')).collect();
     assert_eq!(declared, vec![format!(":{sep} - [0:0]")], "{last}");
@@ -917,7 +925,7 @@ fn an_endpoint_change_reuses_the_fixed_chains_and_a_front_end_change_assembles_t
     // And the backend writes KUBE-SERVICES for it, but not for an endpoint change.
     let mut b = IptablesBackend::new(FakeIptables::default());
     let mut s = crate::synth::cluster(40, 3);
-    b.sync(&s, Scope::All).unwrap();
+    b.sync(&s, Scope::AllServices).unwrap();
     crate::synth::replace_endpoint(&mut s, 7, 1, 2);
     b.sync(&s, Scope::Services(&changed)).unwrap();
     assert!(!b
@@ -947,7 +955,7 @@ fn an_iptables_nft_that_refuses_whole_table_inputs_is_written_chain_by_chain() {
         refuse_listing: true,
         ..foreign()
     });
-    b.sync(&s, Scope::All).unwrap();
+    b.sync(&s, Scope::AllServices).unwrap();
     let with_listing = |b: &IptablesBackend<FakeIptables>| -> Vec<bool> {
         b.executor()
             .inputs
@@ -1001,7 +1009,7 @@ fn new_chains_of_a_large_sync_are_created_directly_and_the_rest_restored() {
         style: Style::NftDirect,
         ..foreign()
     });
-    let r = b.sync(&s, Scope::All).unwrap();
+    let r = b.sync(&s, Scope::AllServices).unwrap();
     let f = b.executor();
     assert_eq!(f.created.len(), 1, "one batch");
     let created: BTreeSet<&str> = f.created[0].1.iter().map(String::as_str).collect();
@@ -1062,7 +1070,7 @@ fn new_chains_of_a_large_sync_are_created_directly_and_the_rest_restored() {
         style: Style::Nft,
         ..foreign()
     });
-    let r2 = restored_only.sync(&s, Scope::All).unwrap();
+    let r2 = restored_only.sync(&s, Scope::AllServices).unwrap();
     assert_eq!(r.stats, r2.stats, "{} / {}", r.summary(), r2.summary());
     // Each chain holds what a restore alone leaves (the fake keeps rules of different
     // chains in write order, which differs).
@@ -1094,7 +1102,7 @@ fn a_refused_direct_write_falls_back_to_the_restore_for_good() {
         refuse_direct: true,
         ..foreign()
     });
-    b.sync(&s, Scope::All).unwrap();
+    b.sync(&s, Scope::AllServices).unwrap();
     let f = b.executor();
     assert_eq!(f.created.len(), 1);
     let held = &f.families[&IpFamily::V4].tables["nat"];
@@ -1105,6 +1113,6 @@ fn a_refused_direct_write_falls_back_to_the_restore_for_good() {
     // Whole-table style, as without direct writes.
     assert!(f.inputs.iter().any(|(_, i)| i.lines().any(|l| l == "-S")));
     b.cleanup().unwrap();
-    b.sync(&s, Scope::Full).unwrap();
+    b.sync(&s, Scope::RepairAll).unwrap();
     assert_eq!(b.executor().created.len(), 1, "not tried again");
 }

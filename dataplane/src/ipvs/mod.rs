@@ -524,7 +524,7 @@ impl<K: IpvsKernel, E: IptablesExecutor> Backend for IpvsBackend<K, E> {
                 return Ok(report);
             }
         }
-        let addrs = match (&self.applied, full || matches!(scope, Scope::All)) {
+        let addrs = match (&self.applied, full || matches!(scope, Scope::AllServices)) {
             (Some(a), false) => a.addresses.clone(),
             _ => self.kernel.link().addresses().map_err(IpvsError::Link)?,
         };

@@ -30,7 +30,7 @@ fn changed(i: usize) -> BTreeSet<(String, String)> {
 fn first_sync_programs_everything() {
     let mut b = backend();
     let snap = synth::cluster(3, 2);
-    let r = b.sync(&snap, Scope::All).unwrap();
+    let r = b.sync(&snap, Scope::AllServices).unwrap();
     assert!(r.full);
     let k = b.kernel();
     assert_eq!(k.sysctls_set, 1);
@@ -52,7 +52,7 @@ fn first_sync_programs_everything() {
 fn one_endpoint_change_is_one_netlink_request() {
     let mut b = backend();
     let mut snap = synth::cluster(50, 10);
-    b.sync(&snap, Scope::All).unwrap();
+    b.sync(&snap, Scope::AllServices).unwrap();
     let inputs = b.ipt.inputs.len();
     synth::replace_endpoint(&mut snap, 7, 3, 1);
     b.sync(&snap, Scope::Services(&changed(7))).unwrap();
@@ -86,7 +86,7 @@ fn removed_tcp_server_with_connections_drains_then_goes() {
     // Every partial sync looks at drained servers again (by default every 5 s).
     b.drain_recheck = std::time::Duration::ZERO;
     let mut snap = synth::cluster(2, 2);
-    b.sync(&snap, Scope::All).unwrap();
+    b.sync(&snap, Scope::AllServices).unwrap();
     let gone = synth::endpoint_ip(1, 0, 0);
     b.kernel_mut()
         .services
@@ -137,7 +137,7 @@ fn removed_tcp_server_with_connections_drains_then_goes() {
 fn drained_servers_outside_the_change_wait_for_the_recheck() {
     let mut b = backend();
     let mut snap = synth::cluster(2, 2);
-    b.sync(&snap, Scope::All).unwrap();
+    b.sync(&snap, Scope::AllServices).unwrap();
     let gone = synth::endpoint_ip(1, 0, 0);
     for d in b
         .kernel_mut()
@@ -175,7 +175,7 @@ fn drained_servers_outside_the_change_wait_for_the_recheck() {
 fn full_sync_repairs_and_leaves_foreign_services_alone() {
     let mut b = backend();
     let snap = synth::cluster(2, 1);
-    b.sync(&snap, Scope::All).unwrap();
+    b.sync(&snap, Scope::AllServices).unwrap();
     let foreign = ServiceId {
         addr: "192.168.0.2".parse().unwrap(),
         protocol: Protocol::Tcp,
@@ -191,7 +191,7 @@ fn full_sync_repairs_and_leaves_foreign_services_alone() {
         k.apply(&Op::AddService(s, ServiceSpec::default())).unwrap();
     }
     k.services.remove(&id(0));
-    let r = b.sync(&snap, Scope::Full).unwrap();
+    let r = b.sync(&snap, Scope::RepairAll).unwrap();
     assert!(r.drift);
     let k = b.kernel();
     assert!(k.services.contains_key(&id(0)), "repaired");
@@ -207,7 +207,7 @@ fn a_failed_operation_fails_the_sync_and_the_next_one_is_full() {
     let mut b = backend();
     let snap = synth::cluster(3, 1);
     b.kernel_mut().fail_op_on = Some(id(1));
-    let err = b.sync(&snap, Scope::All).unwrap_err();
+    let err = b.sync(&snap, Scope::AllServices).unwrap_err();
     assert!(err.to_string().contains("error 22"), "{err}");
     // The others were programmed anyway.
     assert!(b.kernel().services.contains_key(&id(0)) && b.kernel().services.contains_key(&id(2)));
@@ -220,7 +220,7 @@ fn a_failed_operation_fails_the_sync_and_the_next_one_is_full() {
 fn services_going_away_take_their_addresses_and_cleanup_takes_the_rest() {
     let mut b = backend();
     let mut snap = synth::cluster(3, 1);
-    b.sync(&snap, Scope::All).unwrap();
+    b.sync(&snap, Scope::AllServices).unwrap();
     let key = snap.services.keys().next().unwrap().clone();
     snap.services.remove(&key);
     snap.endpoints.remove(&key.0);

@@ -4,7 +4,7 @@
 //! that changed something the remembered entries are read back and the stale ones deleted.
 
 use super::skeleton::{BACKEND_MAPS, MAP_AFFINITY_FRONTENDS};
-use super::state::Table;
+use super::tables::Table;
 use super::transaction::{Op, Transaction};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -65,7 +65,7 @@ pub fn stale(desired: &Table, remembered: &BTreeMap<String, Option<String>>) -> 
 mod tests {
     use super::*;
     use crate::nft::skeleton::{MAP_BACKENDS, MAP_NODEPORT_BACKENDS};
-    use crate::nft::state::Set;
+    use crate::nft::tables::Set;
 
     fn set(elements: &[(&str, &str)]) -> Set {
         Set {

@@ -8,7 +8,7 @@
 
 use super::netlink::{Field, Fields};
 use super::skeleton::{SET_FIREWALL_ALLOW, SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS};
-use super::state::{family_name, TABLE};
+use super::tables::{family_name, TABLE};
 use super::transaction::{Op, Transaction};
 use crate::model::IpFamily;
 use crate::netlink::*;

@@ -5,7 +5,7 @@
 //! check, without polling; changes to other programs' tables (a CNI plugin adding rules per
 //! pod) do not wake it.
 
-use super::state::TABLE;
+use super::tables::TABLE;
 use crate::netlink::{
     attrs, NetlinkError, Socket, NETLINK_NETFILTER, NFNLGRP_NFTABLES, NFNL_SUBSYS_NFTABLES,
     NFTA_ANY_TABLE,

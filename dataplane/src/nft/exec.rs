@@ -3,7 +3,7 @@
 use super::listing::{parse_table, ListingError};
 use super::netlink::Reader;
 use super::skeleton::MAP_AFFINITY;
-use super::state::{family_name, Ruleset, TABLE};
+use super::tables::{family_name, Ruleset, TABLE};
 use super::transaction::{apply, Op, Transaction};
 use crate::backend::BackendError;
 use crate::model::IpFamily;

@@ -26,7 +26,7 @@ pub use super::skeleton::{
     SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS,
 };
 use super::skeleton::{lb_chain, skeleton, LbKind};
-use super::state::{Ruleset, Set, Table};
+use super::tables::{Ruleset, Set, Table};
 use crate::backend::LayoutReport;
 use crate::model::{
     disjoint_cidrs, Endpoint, IpFamily, NodeConfig, NodePortAddresses, ServicePort,

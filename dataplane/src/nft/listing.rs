@@ -5,7 +5,7 @@
 //! (from set comments) and elements in canonical text, chains' hooks, rule counts and the
 //! fingerprint comment of their first rule.
 
-use super::state::{Chain, Set, Table};
+use super::tables::{Chain, Set, Table};
 use serde_json::Value;
 use std::net::IpAddr;
 

@@ -9,7 +9,7 @@ pub mod listing;
 pub mod netlink;
 pub mod ownership;
 pub mod skeleton;
-pub mod state;
+pub mod tables;
 pub mod transaction;
 pub mod verify;
 
@@ -20,9 +20,9 @@ use crate::backend::{
 use crate::model::Snapshot;
 use exec::{NftError, NftExecutor};
 use ownership::Index;
-use state::Ruleset;
 use std::collections::BTreeSet;
 use std::time::Instant;
+use tables::Ruleset;
 
 /// What the last successful sync committed, and who contributed what to it.
 #[derive(Debug)]
@@ -234,7 +234,7 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
                     Err(applied) => applied.ruleset,
                 }
             }
-            (Scope::Full, Some(applied)) => {
+            (Scope::RepairAll, Some(applied)) => {
                 let (kernel, at) = self.read()?;
                 drift = !transaction::diff(&kernel, &applied.ruleset, false).is_empty();
                 self.held_at = at;

@@ -9,7 +9,7 @@
 //! Element-only writes go as netlink batches ([`super::batch`]), the rest through `nft -f`.
 
 use super::skeleton::*;
-use super::state::{family_name, Chain, Set, Table, TABLE};
+use super::tables::{family_name, Chain, Set, Table, TABLE};
 use crate::model::IpFamily;
 use crate::netlink::*;
 use std::collections::BTreeMap;

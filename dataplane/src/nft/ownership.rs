@@ -3,7 +3,7 @@
 //! service can be taken out of a table and laid out again without touching the rest.
 
 use super::skeleton::{LbKind, SET_CLUSTER_IPS, SET_HAIRPIN};
-use super::state::Chain;
+use super::tables::Chain;
 use crate::backend::NoLocalEndpoints;
 use crate::model::{IpFamily, ServicePortName};
 use std::collections::BTreeMap;

@@ -1,7 +1,7 @@
 //! The fixed part of a family's table: the sets and maps, the base chains and the checks
 //! that do not depend on any service, and the load-balancing chain for each endpoint count.
 
-use super::state::{Chain, Set, Table};
+use super::tables::{Chain, Set, Table};
 use crate::model::{disjoint_cidrs, IpFamily, LocalDetector, NodeConfig, NodePortAddresses};
 use ipnetwork::IpNetwork;
 use std::collections::BTreeMap;
@@ -81,7 +81,7 @@ pub fn cidr_text(net: &IpNetwork) -> String {
 }
 
 fn set(map: bool, decl: String) -> Set {
-    let fingerprint = super::state::fingerprint(&decl);
+    let fingerprint = super::tables::fingerprint(&decl);
     Set {
         map,
         decl,

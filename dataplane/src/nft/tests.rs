@@ -2,7 +2,7 @@
 
 use super::exec::FakeNft;
 use super::layout;
-use super::state::Ruleset;
+use super::tables::Ruleset;
 use super::transaction::{apply, diff, Op};
 use super::NftBackend;
 use crate::backend::{Backend, Scope};
@@ -191,7 +191,7 @@ fn one_endpoint_change_touches_few_elements_at_any_scale() {
 fn failed_apply_keeps_kernel_state_and_next_sync_rereads() {
     let mut be = NftBackend::new(FakeNft::default());
     let s = snapshot(vec![(port("a", "b", "172.30.0.1", 80), vec!["10.0.0.1"])]);
-    be.sync(&s, Scope::All).unwrap();
+    be.sync(&s, Scope::AllServices).unwrap();
     let before = be.executor().state.clone();
     let mut s2 = s.clone();
     s2.endpoints
@@ -200,15 +200,15 @@ fn failed_apply_keeps_kernel_state_and_next_sync_rereads() {
         .unwrap()
         .push(Endpoint::ready(ip("10.0.0.2"), 8080));
     be.exec.fail_next = true;
-    assert!(be.sync(&s2, Scope::All).is_err());
+    assert!(be.sync(&s2, Scope::AllServices).is_err());
     assert_eq!(
         be.executor().state,
         before,
         "a failed commit changes nothing"
     );
-    let r = be.sync(&s2, Scope::All).unwrap();
+    let r = be.sync(&s2, Scope::AllServices).unwrap();
     assert!(r.stats.elements_added > 0);
-    let r = be.sync(&s2, Scope::All).unwrap();
+    let r = be.sync(&s2, Scope::AllServices).unwrap();
     assert_eq!(r.stats.operations(), 0, "{}", r.summary());
 }
 
@@ -216,7 +216,7 @@ fn failed_apply_keeps_kernel_state_and_next_sync_rereads() {
 fn kernel_drift_is_repaired_by_a_full_sync() {
     let mut be = NftBackend::new(FakeNft::default());
     let s = snapshot(vec![(port("a", "b", "172.30.0.1", 80), vec!["10.0.0.1"])]);
-    be.sync(&s, Scope::All).unwrap();
+    be.sync(&s, Scope::AllServices).unwrap();
     let want = be.executor().state.clone();
     be.exec
         .state
@@ -238,7 +238,7 @@ fn kernel_drift_is_repaired_by_a_full_sync() {
         .unwrap()
         .rules
         .pop();
-    let r = be.sync(&s, Scope::Full).unwrap();
+    let r = be.sync(&s, Scope::RepairAll).unwrap();
     assert!(r.stats.elements_added >= 1);
     assert_eq!(
         be.executor().state.table(IpFamily::V4).unwrap().sets,
@@ -258,7 +258,7 @@ fn only_our_own_commits_since_the_last_match_prove_the_kernel_unchanged() {
     assert!(!be.kernel_unchanged(), "nothing programmed yet");
     let one = port("a", "b", "172.30.0.1", 80);
     let s = snapshot(vec![(one.clone(), vec!["10.0.0.1"])]);
-    be.sync(&s, Scope::All).unwrap();
+    be.sync(&s, Scope::AllServices).unwrap();
     assert!(be.kernel_unchanged(), "read, then our one commit");
     let s2 = snapshot(vec![(one.clone(), vec!["10.0.0.1", "10.0.0.2"])]);
     let changed = [("a".to_string(), "b".to_string())].into();
@@ -291,7 +291,7 @@ fn only_our_own_commits_since_the_last_match_prove_the_kernel_unchanged() {
     assert!(!be.kernel_unchanged());
 
     // A full sync re-reads and re-establishes it; a failed commit drops it.
-    be.sync(&s2, Scope::Full).unwrap();
+    be.sync(&s2, Scope::RepairAll).unwrap();
     assert!(be.kernel_unchanged());
     be.exec.fail_next = true;
     assert!(be.sync(&s3, Scope::Services(&changed)).is_err());
@@ -301,7 +301,7 @@ fn only_our_own_commits_since_the_last_match_prove_the_kernel_unchanged() {
 #[test]
 fn cleanup_removes_both_tables_only() {
     let mut be = NftBackend::new(FakeNft::default());
-    be.sync(&snapshot(vec![]), Scope::All).unwrap();
+    be.sync(&snapshot(vec![]), Scope::AllServices).unwrap();
     assert_eq!(be.cleanup().unwrap(), 2);
     assert!(be.executor().state.tables.is_empty());
     let tx = be.executor().last.clone().unwrap();
@@ -354,7 +354,7 @@ fn a_family_the_kernel_refuses_does_not_hold_back_the_other() {
         (v4.clone(), vec!["10.0.0.1"]),
         (v6.clone(), vec!["fd00:10::1"]),
     ]);
-    let err = be.sync(&s, Scope::All).unwrap_err().to_string();
+    let err = be.sync(&s, Scope::AllServices).unwrap_err().to_string();
     assert!(
         err.contains("IPv6") && err.contains("other family"),
         "{err}"
@@ -365,7 +365,7 @@ fn a_family_the_kernel_refuses_does_not_hold_back_the_other() {
 
     // The next sync (after a failure, a whole one) still moves IPv4 on.
     let s2 = snapshot(vec![(v4, vec!["10.0.0.2"]), (v6, vec!["fd00:10::1"])]);
-    assert!(be.sync(&s2, Scope::All).is_err());
+    assert!(be.sync(&s2, Scope::AllServices).is_err());
     let v4_backends =
         &be.executor().state.table(IpFamily::V4).unwrap().sets[layout::MAP_BACKENDS].elements;
     assert!(

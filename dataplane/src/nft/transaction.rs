@@ -6,7 +6,7 @@
 
 use super::ownership::Touched;
 use super::skeleton::BACKEND_MAPS;
-use super::state::{family_name, Chain, Ruleset, Set, Table, TABLE};
+use super::tables::{family_name, Chain, Ruleset, Set, Table, TABLE};
 use crate::backend::TxStats;
 use crate::model::IpFamily;
 use std::collections::{BTreeMap, BTreeSet};

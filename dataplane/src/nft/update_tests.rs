@@ -4,7 +4,7 @@
 
 use super::exec::FakeNft;
 use super::layout::{layout, update};
-use super::state::Ruleset;
+use super::tables::Ruleset;
 use super::transaction::{apply, diff, patch};
 use super::NftBackend;
 use crate::backend::{Backend, Scope, ServiceKey};
@@ -270,8 +270,8 @@ fn backend_syncs_only_the_changed_service_and_matches_a_whole_sync() {
     let mut s = cluster(200, 5);
     let mut partial = NftBackend::new(FakeNft::default());
     let mut whole = NftBackend::new(FakeNft::default());
-    partial.sync(&s, Scope::All).unwrap();
-    whole.sync(&s, Scope::All).unwrap();
+    partial.sync(&s, Scope::AllServices).unwrap();
+    whole.sync(&s, Scope::AllServices).unwrap();
     let name = ServicePortName::new("ns", "s7", "p80", Protocol::Tcp);
     let eps = s.endpoints.get_mut(&name).unwrap();
     eps.retain(|e| e.ip != ip("10.0.0.3"));
@@ -284,11 +284,18 @@ fn backend_syncs_only_the_changed_service_and_matches_a_whole_sync() {
     // One slot re-pointed (delete + add), the hairpin pairs of the old and new endpoint.
     assert!(st.elements_added <= 2 && st.elements_deleted <= 2, "{st:?}");
     assert_eq!(st.chains_written, 0, "{st:?}");
-    whole.sync(&s, Scope::All).unwrap();
+    whole.sync(&s, Scope::AllServices).unwrap();
     assert_eq!(partial.executor().state, whole.executor().state);
     // Nothing left to do afterwards, either way.
-    assert_eq!(partial.sync(&s, Scope::All).unwrap().stats.operations(), 0);
-    let full = partial.sync(&s, Scope::Full).unwrap();
+    assert_eq!(
+        partial
+            .sync(&s, Scope::AllServices)
+            .unwrap()
+            .stats
+            .operations(),
+        0
+    );
+    let full = partial.sync(&s, Scope::RepairAll).unwrap();
     assert!(
         !full.drift,
         "the kernel holds what the partial sync said it committed"

@@ -4,7 +4,7 @@
 //! other sync for. So the periodic check reads in the background and compares afterwards;
 //! whatever a commit touched while the read ran may show either version, and is left out.
 
-use super::state::Ruleset;
+use super::tables::Ruleset;
 use super::transaction::{Op, Transaction};
 use crate::model::IpFamily;
 use std::collections::{BTreeMap, HashMap, HashSet};
