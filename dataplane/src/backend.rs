@@ -271,12 +271,16 @@ impl CheckResult {
     }
 }
 
+/// Blocks until the kernel reports a change that may concern the mode's rules; called over
+/// and over on a thread of its own.
+pub type WaitForChange = Box<dyn FnMut() -> Result<(), BackendError> + Send>;
+
+/// Subscribes to the kernel's change notifications (on the thread that will wait on them).
+pub type Subscribe = Box<dyn FnOnce() -> Result<WaitForChange, BackendError> + Send>;
+
 /// What a mode does between syncs to find that someone else changed its rules.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Upkeep {
-    /// Commit notifications (nf_tables) tell it to look: [`Backend::kernel_unchanged`], then
-    /// a read-back.
-    pub commit_notifications: bool,
     /// The periodic full sync may be replaced by [`Backend::kernel_unchanged`] or a
     /// read-back ([`Backend::begin_check`]), a full sync following only on differences.
     pub read_back: bool,
@@ -319,6 +323,12 @@ pub trait Backend {
     /// How this mode keeps watch between syncs.
     fn upkeep(&self) -> Upkeep {
         Upkeep::default()
+    }
+
+    /// The kernel's change notifications, for a mode that has them: each one tells the
+    /// agent to look ([`Backend::kernel_unchanged`], then a read-back).
+    fn change_notifications(&self) -> Option<Subscribe> {
+        None
     }
 
     /// Whether nobody but us changed the kernel since it last matched what was programmed

@@ -3,45 +3,46 @@
 //! iptables mode's canary chains.
 
 use super::{Agent, KernelRead};
+use dataplane::backend::Subscribe;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-/// For a mode that watches them: a thread blocked on the kernel's nf_tables commit
-/// notifications, one message per burst of commits (a full channel already says "look").
-/// Other modes: a channel that never speaks.
-pub(super) fn watch_commits(wanted: bool) -> mpsc::Receiver<()> {
+/// For a mode that has them: a thread blocked on the kernel's change notifications, one
+/// message per burst (a full channel already says "look"). Other modes: a channel that
+/// never speaks.
+pub(super) fn watch_changes(subscribe: Option<Subscribe>) -> mpsc::Receiver<()> {
     let (tx, rx) = mpsc::channel::<()>(1);
-    if !wanted {
+    let Some(subscribe) = subscribe else {
         // A closed channel: its branch of the agent's loop never fires.
         return rx;
-    }
+    };
     let spawned = std::thread::Builder::new()
-        .name("nft-commits".into())
+        .name("kernel-changes".into())
         .spawn(move || {
-            let mut commits = match dataplane::nft::commits::Commits::subscribe() {
-                Ok(c) => c,
+            let mut wait = match subscribe() {
+                Ok(w) => w,
                 Err(e) => {
                     tracing::warn!(
-                        "cannot listen to nf_tables commit notifications ({e}); changes by others are found by the periodic check only"
+                        "cannot listen to the kernel's change notifications ({e}); changes by others are found by the periodic check only"
                     );
                     return;
                 }
             };
             loop {
-                match commits.wait() {
-                    Ok(_) => match tx.try_send(()) {
+                match wait() {
+                    Ok(()) => match tx.try_send(()) {
                         Ok(()) | Err(mpsc::error::TrySendError::Full(())) => {}
                         Err(mpsc::error::TrySendError::Closed(())) => return,
                     },
                     Err(e) => {
-                        tracing::warn!("nf_tables commit notifications: {e}");
+                        tracing::warn!("the kernel's change notifications: {e}");
                         std::thread::sleep(Duration::from_secs(1));
                     }
                 }
             }
         });
     if let Err(e) = spawned {
-        tracing::warn!("cannot start the commit listener: {e}");
+        tracing::warn!("cannot start the change listener: {e}");
     }
     rx
 }
@@ -136,7 +137,7 @@ impl Agent {
         });
     }
 
-    /// iptables mode: if a canary chain is gone, someone flushed our chains; a full sync
+    /// A mode with a canary (iptables): if it is gone, someone flushed our rules; a full sync
     /// puts them back.
     pub(super) fn probe_canary(&mut self) {
         let now = Instant::now();
@@ -145,7 +146,9 @@ impl Agent {
         match tokio::task::block_in_place(|| backend.rules_flushed()) {
             Ok(false) => {}
             Ok(true) => {
-                tracing::warn!("a canary chain is gone: our iptables chains were flushed; repairing with a full sync");
+                tracing::warn!(
+                    "a canary is gone: someone flushed our rules; repairing with a full sync"
+                );
                 self.schedule.require_full();
             }
             Err(e) => tracing::warn!("cannot look for the canary chains: {e}"),

@@ -23,7 +23,7 @@ use dataplane::conntrack::{self, Conntrack, Ctnetlink, UdpFrontends};
 use dataplane::model::IpFamily;
 use dataplane::netlink::NetlinkError;
 use health::Health;
-use kernel_checks::watch_commits;
+use kernel_checks::watch_changes;
 use metrics::{family_label, Metrics};
 use schedule::Schedule;
 use servers::{health_router, metrics_router, serve};
@@ -177,7 +177,7 @@ async fn run_async(
     let (checked_tx, mut checked_rx) = mpsc::channel::<KernelRead>(1);
     tracing::info!("{} mode", cfg.mode.as_str());
     let backend = crate::backends::for_mode(&cfg).map_err(AgentError::Backend)?;
-    let mut commits_rx = watch_commits(backend.upkeep().commit_notifications);
+    let mut commits_rx = watch_changes(backend.change_notifications());
     let mut agent = Agent {
         store: Store::new(cfg.clone(), node_name, Box::new(Interfaces)),
         backend,

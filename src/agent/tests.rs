@@ -66,7 +66,6 @@ impl Backend for FakeBackend {
 
     fn upkeep(&self) -> Upkeep {
         Upkeep {
-            commit_notifications: true,
             read_back: true,
             canary: false,
         }

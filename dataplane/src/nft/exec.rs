@@ -5,7 +5,7 @@ use super::netlink::Reader;
 use super::skeleton::MAP_AFFINITY;
 use super::tables::{family_name, Ruleset, TABLE};
 use super::transaction::{apply, Op, Transaction};
-use crate::backend::BackendError;
+use crate::backend::{BackendError, Subscribe, WaitForChange};
 use crate::model::IpFamily;
 use crate::netlink::NetlinkError;
 use std::collections::BTreeMap;
@@ -82,6 +82,11 @@ pub trait NftExecutor {
     /// can run on another thread, for the periodic check; `None` when this executor has
     /// none.
     fn background_read(&self) -> Option<BackgroundRead> {
+        None
+    }
+    /// The kernel's notifications of commits naming our table; `None` when this executor
+    /// has none (a fake: its tests call the agent's handlers directly).
+    fn change_notifications(&self) -> Option<Subscribe> {
         None
     }
     /// What the packet path remembered for sessionAffinity in `family`.
@@ -198,6 +203,21 @@ impl NftExecutor for NftCommand {
 
     fn background_read(&self) -> Option<BackgroundRead> {
         Some(Box::new(read_kernel))
+    }
+
+    /// nf_tables' commit notifications (NFNLGRP_NFTABLES), only those naming our table.
+    fn change_notifications(&self) -> Option<Subscribe> {
+        Some(Box::new(|| {
+            let mut commits =
+                super::commits::Commits::subscribe().map_err(|e| BackendError::new("read", e))?;
+            let wait: WaitForChange = Box::new(move || {
+                commits
+                    .wait()
+                    .map(|_| ())
+                    .map_err(|e| BackendError::new("read", e))
+            });
+            Ok(wait)
+        }))
     }
 
     fn remembered(

@@ -15,7 +15,7 @@ pub mod verify;
 
 use crate::backend::{
     Backend, BackendError, CheckResult, FailureCounter, ReadJob, Readback, Scope, ServiceKey,
-    SyncReport, Upkeep,
+    Subscribe, SyncReport, Upkeep,
 };
 use crate::model::Snapshot;
 use exec::{NftError, NftExecutor};
@@ -281,10 +281,13 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
 
     fn upkeep(&self) -> Upkeep {
         Upkeep {
-            commit_notifications: true,
             read_back: true,
             canary: false,
         }
+    }
+
+    fn change_notifications(&self) -> Option<Subscribe> {
+        self.exec.change_notifications()
     }
 
     fn kernel_unchanged(&mut self) -> bool {
