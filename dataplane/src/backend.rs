@@ -73,11 +73,6 @@ impl BackendError {
     pub fn program(&self) -> Option<&str> {
         self.program_not_run.as_deref()
     }
-
-    /// The backend's own error, for callers that know the backend.
-    pub fn inner<E: std::error::Error + 'static>(&self) -> Option<&E> {
-        self.source.downcast_ref::<E>()
-    }
 }
 
 /// Counts of what a sync wrote to the kernel, for the one-line summary and metrics.

@@ -281,8 +281,8 @@ fn ctnetlink() -> Result<Box<dyn Conntrack>, NetlinkError> {
     Ok(Box::new(Ctnetlink::open()?))
 }
 
-/// The kernel as a background read found it (and the generation it was read at, if no
-/// commit overlapped the read), and when the read began.
+/// The kernel as the backend's background read found it (opaque to the agent), and when
+/// the read began.
 type KernelRead = (Result<Readback, BackendError>, Instant);
 
 impl Agent {
