@@ -393,4 +393,30 @@ mod tests {
         body.extend_from_slice(&tagged);
         assert_eq!(parse_flow(&body), Some(f));
     }
+
+    /// A conntrack dump entry is untrusted bytes: decoding never panics, whatever it holds.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+            #[test]
+            fn any_entry_decodes_or_is_skipped_without_panicking(
+                noise in proptest::collection::vec(any::<u8>(), 0..512),
+                edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..8),
+                cut in any::<usize>(),
+            ) {
+                let _ = parse_flow(&noise);
+                let f = flow("10.0.0.2:40000", "10.96.0.10:53", "10.244.0.5:53");
+                let mut entry = delete_attrs(&f);
+                let n = entry.len();
+                for (at, b) in edits {
+                    entry[at % n] = b;
+                }
+                entry.truncate(cut % (n + 1));
+                let _ = parse_flow(&entry);
+            }
+        }
+    }
 }

@@ -568,4 +568,31 @@ mod tests {
         nested(&mut a, CMD_ATTR_SERVICE, &s);
         assert_eq!(decode_service(&a).unwrap(), None);
     }
+
+    /// IPVS replies are untrusted bytes: decoding a service or a destination never panics.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+            #[test]
+            fn any_reply_decodes_or_fails_without_panicking(
+                noise in proptest::collection::vec(any::<u8>(), 0..512),
+                edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..8),
+                cut in any::<usize>(),
+            ) {
+                let _ = decode_service(&noise);
+                let _ = decode_dest(&noise);
+                let mut svc = service_attrs(&id(), None);
+                let n = svc.len();
+                for (at, b) in &edits {
+                    svc[at % n] = *b;
+                }
+                svc.truncate(cut % (n + 1));
+                let _ = decode_service(&svc);
+                let _ = decode_dest(&svc);
+            }
+        }
+    }
 }

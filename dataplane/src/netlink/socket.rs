@@ -125,7 +125,8 @@ fn split(mut rest: &[u8]) -> Result<Vec<Message<'_>>, &'static str> {
         let errno = match kind {
             NLMSG_ERROR => {
                 let e = ErrorBuffer::new_checked(body).map_err(|_| "short error")?;
-                Some(e.code().map_or(0, |c| -c.get()))
+                // Saturating: a code of i32::MIN (no real errno) must not overflow the negation.
+                Some(e.code().map_or(0, |c| c.get().saturating_neg()))
             }
             _ => None,
         };
@@ -364,5 +365,69 @@ mod tests {
         assert_eq!(got[0].body, &[2, 0, 0, 10, 1, 2, 3]);
         assert_eq!((got[1].seq, got[1].errno), (8, Some(17)));
         assert!(split(&buf[..40]).is_err());
+    }
+
+    /// A datagram is untrusted bytes: whatever arrives, splitting it ends, and never
+    /// panics. Seeds are real messages with bytes overwritten, cut or appended.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn seed() -> Vec<u8> {
+            let mut buf = Vec::new();
+            message(
+                &mut buf,
+                0x0a01,
+                NLM_F_REQUEST,
+                7,
+                nfgenmsg(2, 10),
+                &[1, 2, 3, 4],
+            );
+            message(
+                &mut buf,
+                NLMSG_ERROR,
+                0,
+                8,
+                (-17i32).to_ne_bytes(),
+                &[0; 16],
+            );
+            buf
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+            #[test]
+            fn any_datagram_splits_or_fails_without_panicking(
+                noise in proptest::collection::vec(any::<u8>(), 0..256),
+                edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..8),
+                cut in any::<usize>(),
+            ) {
+                let _ = split(&noise);
+                let mut m = seed();
+                for (at, b) in edits {
+                    let n = m.len();
+                    m[at % n] = b;
+                }
+                m.truncate(cut % (m.len() + 1));
+                m.extend_from_slice(&noise[..noise.len().min(32)]);
+                let _ = split(&m);
+            }
+        }
+
+        #[test]
+        fn the_most_negative_error_code_is_no_overflow() {
+            let mut buf = Vec::new();
+            message(
+                &mut buf,
+                NLMSG_ERROR,
+                0,
+                9,
+                i32::MIN.to_ne_bytes(),
+                &[0; 16],
+            );
+            let got = split(&buf).unwrap_or_default();
+            assert_eq!(got.len(), 1);
+            assert!(got[0].errno.is_some_and(|e| e != 0));
+        }
     }
 }

@@ -496,4 +496,37 @@ mod tests {
         let got: Vec<String> = interval_elements(raw, IpFamily::V4).into_keys().collect();
         assert_eq!(got, ["10.0.0.5-10.0.0.7", "172.30.0.0/16", "192.168.0.2"]);
     }
+
+    /// Set elements and comments read back from the kernel are untrusted bytes: printing
+    /// them never panics, whatever their length or the fields the set is said to have.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        const FIELDS: [Field; 4] = [Field::Addr, Field::Proto, Field::Port, Field::Int];
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+            #[test]
+            fn any_element_prints_without_panicking(
+                data in proptest::collection::vec(any::<u8>(), 0..96),
+                fields in proptest::collection::vec(0usize..4, 0..5),
+                v6 in any::<bool>(),
+                kind in any::<u8>(),
+                raw in proptest::collection::vec(
+                    (proptest::collection::vec(any::<u8>(), 0..20), any::<bool>()),
+                    0..6,
+                ),
+            ) {
+                let fields: Vec<Field> = fields.into_iter().map(|i| FIELDS[i]).collect();
+                let addr_len = if v6 { 16 } else { 4 };
+                let _ = fields_text(&data, &fields, addr_len);
+                let _ = data_text(&data, &fields, addr_len);
+                let _ = udata_comment(&data, kind);
+                let family = if v6 { IpFamily::V6 } else { IpFamily::V4 };
+                let raw = raw.into_iter().map(|(k, end)| (k, None, end)).collect();
+                let _ = interval_elements(raw, family);
+            }
+        }
+    }
 }
