@@ -716,13 +716,9 @@ fn a_flush_frequency_past_int64_nanoseconds_is_an_error() {
     assert_eq!(cfg.logging.flush_frequency.as_nanos(), i64::MAX as u128);
 }
 
-/// Found by `fuzz_kube_proxy_command_line`: `--kube-api-burst=-1000` was taken, although
-/// kube-proxy's validation refuses a negative burst (as Switchyard did in a file), and
-/// `--write-config-to` wrote a file that does not read back. It is now refused, naming
-/// clientConnection.burst.
-#[test]
-fn a_negative_burst_flag_is_refused() {
-    let args: Vec<String> = [
+/// The command line the fuzzer found these with, ending in `last`.
+fn found_command_line(last: &str) -> Vec<String> {
+    [
         "--proxy-mode=iptables",
         "--cluster-cidr=10.244.0.0/16",
         "--conntrack-max-per-core=0",
@@ -735,10 +731,19 @@ fn a_negative_burst_flag_is_refused() {
         "--feature-gates=AllowServiceExternalIPs=false",
         "--nodeport-addresses=primary,10.0.0.0/8",
         "--healthz-port=0",
-        "--kube-api-burst=-1000",
+        last,
     ]
     .map(String::from)
-    .to_vec();
+    .to_vec()
+}
+
+/// Found by `fuzz_kube_proxy_command_line`: `--kube-api-burst=-1000` was taken, although
+/// kube-proxy's validation refuses a negative burst (as Switchyard did in a file), and
+/// `--write-config-to` wrote a file that does not read back. It is now refused, naming
+/// clientConnection.burst.
+#[test]
+fn a_negative_burst_flag_is_refused() {
+    let args = found_command_line("--kube-api-burst=-1000");
     let e = kube_proxy_cli::invocation(&args).unwrap_err().to_string();
     assert!(e.contains("clientConnection.burst"), "{e}");
     assert!(kube_proxy_cli::invocation(&["--kube-api-burst=0".to_string()]).is_ok());
@@ -750,23 +755,7 @@ fn a_negative_burst_flag_is_refused() {
 /// Both are now refused, naming the field.
 #[test]
 fn negative_conntrack_flags_are_refused() {
-    let args: Vec<String> = [
-        "--proxy-mode=iptables",
-        "--cluster-cidr=10.244.0.0/16",
-        "--conntrack-max-per-core=0",
-        "--iptables-min-sync-period=0s",
-        "--kube-api-content-type=application/json",
-        "--hostname-override",
-        "node-a",
-        "-v=4",
-        "--logging-format=json",
-        "--feature-gates=AllowServiceExternalIPs=false",
-        "--nodeport-addresses=primary,10.0.0.0/8",
-        "--healthz-port=0",
-        "--conntrack-max-per-core=-1000",
-    ]
-    .map(String::from)
-    .to_vec();
+    let args = found_command_line("--conntrack-max-per-core=-1000");
     let e = kube_proxy_cli::invocation(&args).unwrap_err().to_string();
     assert!(e.contains("conntrack.maxPerCore"), "{e}");
     let e = kube_proxy_cli::invocation(&["--conntrack-min=-1".to_string()])
