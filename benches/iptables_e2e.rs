@@ -15,9 +15,9 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use dataplane::backend::{Backend, Scope};
-use dataplane::iptables::exec::{IptablesCommand, IptablesError, IptablesExecutor, Variant};
-use dataplane::iptables::render::TableName;
-use dataplane::iptables::restore::{Saved, Style};
+use dataplane::iptables::diff::{Saved, Style};
+use dataplane::iptables::kernel::{IptablesCommand, IptablesError, IptablesExecutor, Variant};
+use dataplane::iptables::plan::TableName;
 use dataplane::iptables::IptablesBackend;
 use dataplane::model::IpFamily;
 use dataplane::synth;

@@ -24,10 +24,10 @@ mod common;
 use common::{ms, pct};
 
 use dataplane::backend::{Backend, Scope};
-use dataplane::iptables::exec::IptablesCommand;
+use dataplane::iptables::kernel::IptablesCommand;
 use dataplane::ipvs::kernel::RealIpvs;
 use dataplane::ipvs::{IpvsBackend, IpvsOptions};
-use dataplane::nft::exec::NftCommand;
+use dataplane::nft::kernel::NftCommand;
 use dataplane::nft::NftBackend;
 use dataplane::synth;
 use std::time::{Duration, Instant};

@@ -6,9 +6,9 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use dataplane::nft::layout::desired;
+use dataplane::nft::diff::diff;
+use dataplane::nft::plan::desired;
 use dataplane::nft::tables::Ruleset;
-use dataplane::nft::transaction::diff;
 use dataplane::synth;
 use std::hint::black_box;
 use std::time::Duration;
@@ -47,20 +47,20 @@ fn bench(c: &mut Criterion) {
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    let empty = dataplane::iptables::restore::Saved::default();
+    let empty = dataplane::iptables::diff::Saved::default();
     for n in [1_000usize, 10_000, 30_000] {
         let snap = synth::cluster(n, 10);
         g.bench_with_input(BenchmarkId::new("render", n), &snap, |b, s| {
-            b.iter(|| black_box(dataplane::iptables::render::render(s)))
+            b.iter(|| black_box(dataplane::iptables::plan::render(s)))
         });
-        let r = dataplane::iptables::render::render(&snap);
+        let r = dataplane::iptables::plan::render(&snap);
         let v4 = &r.families[&dataplane::model::IpFamily::V4];
         let jumps = &r.jumps[&dataplane::model::IpFamily::V4];
         g.bench_with_input(BenchmarkId::new("restore_input_cold", n), v4, |b, t| {
             b.iter(|| {
-                black_box(dataplane::iptables::restore::sync_input(
+                black_box(dataplane::iptables::diff::sync_input(
                     t,
-                    dataplane::iptables::restore::Base::Kernel(&empty),
+                    dataplane::iptables::diff::Base::Kernel(&empty),
                     jumps,
                 ))
             })
@@ -92,30 +92,30 @@ fn bench(c: &mut Criterion) {
 /// A kernel that takes every restore and holds nothing, so that only our side is timed.
 struct NullIptables;
 
-impl dataplane::iptables::exec::IptablesExecutor for NullIptables {
+impl dataplane::iptables::kernel::IptablesExecutor for NullIptables {
     fn save(
         &mut self,
         _: dataplane::model::IpFamily,
-    ) -> Result<dataplane::iptables::restore::Saved, dataplane::iptables::exec::IptablesError> {
+    ) -> Result<dataplane::iptables::diff::Saved, dataplane::iptables::kernel::IptablesError> {
         Ok(Default::default())
     }
     fn restore(
         &mut self,
         _: dataplane::model::IpFamily,
         input: &str,
-    ) -> Result<(), dataplane::iptables::exec::IptablesError> {
+    ) -> Result<(), dataplane::iptables::kernel::IptablesError> {
         black_box(input);
         Ok(())
     }
-    fn enable_route_localnet(&mut self) -> Result<(), dataplane::iptables::exec::IptablesError> {
+    fn enable_route_localnet(&mut self) -> Result<(), dataplane::iptables::kernel::IptablesError> {
         Ok(())
     }
     fn chain_exists(
         &mut self,
         _: dataplane::model::IpFamily,
-        _: dataplane::iptables::render::TableName,
+        _: dataplane::iptables::plan::TableName,
         _: &str,
-    ) -> Result<bool, dataplane::iptables::exec::IptablesError> {
+    ) -> Result<bool, dataplane::iptables::kernel::IptablesError> {
         Ok(true)
     }
 }
@@ -124,7 +124,7 @@ impl dataplane::iptables::exec::IptablesExecutor for NullIptables {
 /// of the sync's own work, none of the kernel's).
 fn bench_ipvs(c: &mut Criterion) {
     use dataplane::backend::{Backend, Scope};
-    use dataplane::iptables::exec::FakeIptables;
+    use dataplane::iptables::kernel::FakeIptables;
     use dataplane::ipvs::kernel::FakeIpvs;
     use dataplane::ipvs::{plan, IpvsBackend, IpvsOptions};
     let mut g = c.benchmark_group("ipvs");

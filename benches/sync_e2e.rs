@@ -9,9 +9,9 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use dataplane::backend::{Backend, Scope};
-use dataplane::nft::exec::{NftCommand, NftError, NftExecutor};
+use dataplane::nft::diff::Transaction;
+use dataplane::nft::kernel::{NftCommand, NftError, NftExecutor};
 use dataplane::nft::tables::Ruleset;
-use dataplane::nft::transaction::Transaction;
 use dataplane::nft::NftBackend;
 use dataplane::synth;
 use std::fmt::Write as _;

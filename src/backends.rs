@@ -3,11 +3,11 @@
 
 use crate::config::{ProxyConfig, ProxyMode};
 use dataplane::backend::{Backend, BackendError};
-use dataplane::iptables::exec::IptablesCommand;
+use dataplane::iptables::kernel::IptablesCommand;
 use dataplane::iptables::IptablesBackend;
 use dataplane::ipvs::kernel::RealIpvs;
 use dataplane::ipvs::{IpvsBackend, IpvsOptions};
-use dataplane::nft::exec::NftCommand;
+use dataplane::nft::kernel::NftCommand;
 use dataplane::nft::NftBackend;
 
 /// The backend for `cfg.mode`; fails when the kernel lacks what the mode needs (IPVS).

@@ -10,13 +10,13 @@ use crate::snapshot::{self, Skipped};
 use crate::{leftovers, node_setup};
 use dataplane::backend::{Backend, BackendError, Scope};
 use dataplane::conntrack::{self, Ctnetlink, UdpFrontends};
-use dataplane::iptables::exec::IptablesCommand;
+use dataplane::iptables::kernel::IptablesCommand;
 use dataplane::iptables::IptablesBackend;
 use dataplane::ipvs::genl::GenlError;
 use dataplane::ipvs::kernel::{IpvsError, RealIpvs, DUMMY};
 use dataplane::ipvs::{IpvsBackend, IpvsOptions};
 use dataplane::model::Snapshot;
-use dataplane::nft::exec::NftCommand;
+use dataplane::nft::kernel::NftCommand;
 use dataplane::nft::NftBackend;
 
 /// Errors that end a command.

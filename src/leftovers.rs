@@ -6,12 +6,12 @@
 
 use crate::config::ProxyMode;
 use dataplane::backend::Backend;
-use dataplane::iptables::exec::{IptablesCommand, Variant};
+use dataplane::iptables::kernel::{IptablesCommand, Variant};
 use dataplane::iptables::IptablesBackend;
 use dataplane::ipvs::genl::GenlError;
 use dataplane::ipvs::kernel::{IpvsError, RealIpvs, DUMMY};
 use dataplane::model::IpFamily;
-use dataplane::nft::exec::{NftCommand, NftError};
+use dataplane::nft::kernel::{NftCommand, NftError};
 use dataplane::nft::NftBackend;
 
 /// What was removed (lines for the operator) and what failed.

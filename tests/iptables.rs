@@ -513,7 +513,7 @@ fn chains_written_directly_equal_what_iptables_nft_restore_writes() {
             netns::in_netns(&ns.0, || {
                 dataplane::iptables::direct::dump_expressions(
                     dataplane::model::IpFamily::V4,
-                    dataplane::iptables::render::TableName::Nat,
+                    dataplane::iptables::plan::TableName::Nat,
                 )
                 .map_err(std::io::Error::other)
             })

@@ -12,7 +12,7 @@ mod rig;
 use switchyard::ipvs_link;
 
 use dataplane::backend::{Backend, Scope};
-use dataplane::iptables::exec::IptablesCommand;
+use dataplane::iptables::kernel::IptablesCommand;
 use dataplane::ipvs::genl::{IpvsSocket, Op, ServiceId, ServiceSpec, SVC_F_PERSISTENT};
 use dataplane::ipvs::kernel::{DummyLink, RealIpvs};
 use dataplane::ipvs::{IpvsBackend, IpvsOptions};

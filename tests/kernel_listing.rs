@@ -13,10 +13,10 @@
 mod netns;
 
 use dataplane::model::*;
-use dataplane::nft::exec::{NftCommand, NftExecutor};
-use dataplane::nft::layout;
+use dataplane::nft::diff::diff;
+use dataplane::nft::kernel::{NftCommand, NftExecutor};
+use dataplane::nft::plan;
 use dataplane::nft::tables::Ruleset;
-use dataplane::nft::transaction::diff;
 use dataplane::nft::NftBackend;
 use std::net::IpAddr;
 
@@ -119,7 +119,7 @@ fn netlink_reads_what_nft_lists_and_what_was_written() {
         nft.apply(&NftBackend::<NftCommand>::render(&snap))
             .expect("programming the table");
         let netlink = nft.read().expect("netlink read");
-        let (again, generation) = dataplane::nft::exec::read_kernel().expect("read_kernel");
+        let (again, generation) = dataplane::nft::kernel::read_kernel().expect("read_kernel");
         let consistent = generation.is_some();
         assert!(consistent, "nothing committed during the read");
         assert_eq!(again, netlink);
@@ -149,7 +149,7 @@ fn netlink_reads_what_nft_lists_and_what_was_written() {
         }
     }
     // And it is what was written: nothing to do against the desired state.
-    let (want, _) = layout::desired(&snap, &Ruleset::default());
+    let (want, _) = plan::desired(&snap, &Ruleset::default());
     let tx = diff(&via_netlink, &want, false);
     assert!(
         tx.is_empty(),
@@ -157,13 +157,13 @@ fn netlink_reads_what_nft_lists_and_what_was_written() {
         tx.to_nft()
     );
     let v4 = via_netlink.table(IpFamily::V4).unwrap();
-    assert!(v4.sets[layout::SET_SERVICE_CIDRS]
+    assert!(v4.sets[plan::SET_SERVICE_CIDRS]
         .elements
         .contains_key("172.16.0.0/12"));
-    assert!(v4.sets[layout::MAP_NODEPORT_BACKENDS]
+    assert!(v4.sets[plan::MAP_NODEPORT_BACKENDS]
         .elements
         .contains_key("udp . 30053 . 0"));
-    let allow = &v4.sets[layout::SET_FIREWALL_ALLOW].elements;
+    let allow = &v4.sets[plan::SET_FIREWALL_ALLOW].elements;
     for key in [
         "203.0.113.7 . tcp . 80 . 198.51.100.0/24",
         "203.0.113.7 . tcp . 80 . 203.0.113.7",
@@ -176,10 +176,10 @@ fn netlink_reads_what_nft_lists_and_what_was_written() {
     assert_eq!(allow.len(), 3, "nested ranges merged: {allow:?}");
     // externalTrafficPolicy Local: the short-circuit maps read back too.
     for (map, key) in [
-        (layout::MAP_SHORTCUT_IPS, "203.0.113.53 . udp . 53"),
-        (layout::MAP_SHORTCUT_BACKENDS, "203.0.113.53 . udp . 53 . 0"),
-        (layout::MAP_SHORTCUT_NODEPORTS, "udp . 30053"),
-        (layout::MAP_NODEPORT_SHORTCUT_BACKENDS, "udp . 30053 . 0"),
+        (plan::MAP_SHORTCUT_IPS, "203.0.113.53 . udp . 53"),
+        (plan::MAP_SHORTCUT_BACKENDS, "203.0.113.53 . udp . 53 . 0"),
+        (plan::MAP_SHORTCUT_NODEPORTS, "udp . 30053"),
+        (plan::MAP_NODEPORT_SHORTCUT_BACKENDS, "udp . 30053 . 0"),
     ] {
         assert!(
             v4.sets[map].elements.contains_key(key),
@@ -235,7 +235,7 @@ fn no_dnat_rule_gets_a_hidden_tcp_match() {
             assert!(!text.contains("tcp dport . numgen"), "{family}:\n{text}");
         }
         let kernel = nft.read().expect("read");
-        let (want, _) = layout::desired(&after, &kernel);
+        let (want, _) = plan::desired(&after, &kernel);
         let tx = diff(&kernel, &want, false);
         let script = tx.to_nft();
         assert!(
@@ -275,13 +275,13 @@ fn element_batches_commit_exactly_or_not_at_all() {
         nft.apply(&NftBackend::<NftCommand>::render(&before))
             .expect("programming the table");
         let kernel = nft.read().expect("read");
-        let (want, _) = layout::desired(&after, &kernel);
+        let (want, _) = plan::desired(&after, &kernel);
         let tx = diff(&kernel, &want, false);
         assert!(
             tx.ops.iter().all(|op| matches!(
                 op,
-                dataplane::nft::transaction::Op::AddElements { .. }
-                    | dataplane::nft::transaction::Op::DeleteElements { .. }
+                dataplane::nft::diff::Op::AddElements { .. }
+                    | dataplane::nft::diff::Op::DeleteElements { .. }
             )),
             "expected an element-only change:\n{}",
             tx.to_nft()
@@ -296,13 +296,12 @@ fn element_batches_commit_exactly_or_not_at_all() {
         );
 
         // A batch the kernel must refuse (deleting what is not there) changes nothing.
-        let mut bad = diff(&got, &layout::desired(&before, &got).0, false);
-        bad.ops
-            .push(dataplane::nft::transaction::Op::DeleteElements {
-                family: IpFamily::V4,
-                set: layout::SET_CLUSTER_IPS.into(),
-                keys: vec!["172.31.255.254".into()],
-            });
+        let mut bad = diff(&got, &plan::desired(&before, &got).0, false);
+        bad.ops.push(dataplane::nft::diff::Op::DeleteElements {
+            family: IpFamily::V4,
+            set: plan::SET_CLUSTER_IPS.into(),
+            keys: vec!["172.31.255.254".into()],
+        });
         assert!(dataplane::nft::batch::try_commit(&bad).is_err());
         assert_eq!(nft.read().expect("read after refusal"), got);
         Ok(())
@@ -374,7 +373,7 @@ fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
             "element",
             "ip",
             "switchyard",
-            layout::SET_CLUSTER_IPS,
+            plan::SET_CLUSTER_IPS,
             "{ 172.16.0.99 }",
         ]);
         assert!(!be.kernel_unchanged(), "a deletion in our table");
@@ -428,7 +427,7 @@ fn one_family_refused_leaves_the_other_programmed() {
     let v4 = kernel
         .table(IpFamily::V4)
         .expect("the IPv4 table is programmed");
-    assert!(v4.sets[layout::MAP_SERVICE_IPS]
+    assert!(v4.sets[plan::MAP_SERVICE_IPS]
         .elements
         .contains_key("172.16.0.53 . udp . 53"));
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 const MAX_LINES: usize = 800;
 
-/// Module path ("nft::layout", "" for the crate root) -> file, for the `.rs` files under
+/// Module path ("nft::plan", "" for the crate root) -> file, for the `.rs` files under
 /// `root`; test-only files (`tests.rs`, `tests/`) are left out.
 fn modules(root: &Path) -> BTreeMap<String, PathBuf> {
     let mut out = BTreeMap::new();

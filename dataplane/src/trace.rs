@@ -3,7 +3,7 @@
 //! the rules are rendered from, for each mode. Pure; `switchyard trace` prints it, and the
 //! conformance cases check that its verdicts agree with what real packets do.
 
-use crate::iptables::render::fixed::localhost_node_ports;
+use crate::iptables::plan::fixed::localhost_node_ports;
 use crate::model::disjoint_cidrs;
 use crate::model::{
     Endpoint, IpFamily, LocalDetector, NodeConfig, NodePortAddresses, Protocol, ServicePort,

@@ -1,4 +1,4 @@
-//! Fuzzing of the iptables-save parser (`iptables::restore::parse_save`) and of what reads
+//! Fuzzing of the iptables-save parser (`iptables::diff::parse_save`) and of what reads
 //! its result: the rule readers (`rule_target`, `same_rule`, `encodable`) and the restore
 //! inputs built against what the kernel holds (`sync_input` for a full sync, and
 //! `cleanup_input`). iptables-save prints other tools' rules too, so none of these may
@@ -9,8 +9,8 @@
 #[path = "../../tests/fuzz/engine.rs"]
 mod engine;
 
-use dataplane::iptables::render::{self, TableName};
-use dataplane::iptables::restore::{self, Base, Saved};
+use dataplane::iptables::diff::{self, Base, Saved};
+use dataplane::iptables::plan::{self, TableName};
 use dataplane::iptables::rule_parse::encodable;
 use engine::{fuzz, inputs, Bytes, Verdict};
 use std::fmt::Write as _;
@@ -54,14 +54,14 @@ fn print(saved: &Saved) -> String {
     out
 }
 
-fn check(input: &Bytes, layouts: &render::Rendered) -> Verdict {
+fn check(input: &Bytes, layouts: &plan::Rendered) -> Verdict {
     let text = input.text();
-    let Ok(saved) = restore::parse_save(&text) else {
+    let Ok(saved) = diff::parse_save(&text) else {
         return Ok(());
     };
     // Parsing what was parsed, printed back, gives the same tables.
     let printed = print(&saved);
-    match restore::parse_save(&printed) {
+    match diff::parse_save(&printed) {
         Ok(again) if again == saved => {}
         other => {
             return Err(format!(
@@ -71,9 +71,9 @@ fn check(input: &Bytes, layouts: &render::Rendered) -> Verdict {
     }
     for table in saved.tables.values() {
         for (_, rule) in &table.rules {
-            let _ = restore::rule_target(rule);
+            let _ = diff::rule_target(rule);
             let _ = encodable(rule);
-            if !restore::same_rule(rule, rule) {
+            if !diff::same_rule(rule, rule) {
                 return Err(format!("rule {rule:?} is not the same as itself"));
             }
         }
@@ -82,10 +82,10 @@ fn check(input: &Bytes, layouts: &render::Rendered) -> Verdict {
     for table in TableName::ALL {
         let _ = saved.table(table);
     }
-    let _ = restore::cleanup_input(&saved);
+    let _ = diff::cleanup_input(&saved);
     for (family, layout) in &layouts.families {
         let jumps = layouts.jumps.get(family).map_or(&[][..], Vec::as_slice);
-        let _ = restore::sync_input(layout, Base::Kernel(&saved), jumps);
+        let _ = diff::sync_input(layout, Base::Kernel(&saved), jumps);
     }
     Ok(())
 }
@@ -95,12 +95,12 @@ fn fuzz_iptables_save() {
     let seeds = engine::corpus(corpus_root(), "iptables-save");
     for (i, seed) in seeds.iter().enumerate() {
         let text = String::from_utf8_lossy(seed);
-        if let Err(e) = restore::parse_save(&text) {
+        if let Err(e) = diff::parse_save(&text) {
             panic!("seed {i} does not parse: {e}");
         }
     }
     // What a full sync compares the kernel's tables with: a few services' layout.
-    let layouts = render::render(&dataplane::synth::cluster(3, 2));
+    let layouts = plan::render(&dataplane::synth::cluster(3, 2));
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
     fuzz(
         "iptables-save",

@@ -6,7 +6,7 @@ use super::{
     ProxyMode,
 };
 use crate::cli::ProxyFlags;
-use dataplane::iptables::exec::Variant;
+use dataplane::iptables::kernel::Variant;
 
 /// `auto` (the back end the node uses), `nft` or `legacy`.
 pub fn parse_iptables_backend(origin: &str, s: &str) -> Result<Option<Variant>, ConfigError> {

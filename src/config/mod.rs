@@ -12,7 +12,7 @@ pub use file::{append_port_if_needed, load_file, parse};
 pub use flags::{apply_flags, parse_iptables_backend};
 pub use validate::validate;
 
-use dataplane::iptables::exec::Variant;
+use dataplane::iptables::kernel::Variant;
 use ipnetwork::IpNetwork;
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -13,7 +13,7 @@
 //! matches and targets, so this writes the messages itself and commits them as one
 //! [`crate::netlink::Batch`].
 
-use super::render::TableName;
+use super::plan::TableName;
 use super::rule_parse::{parse, Addr, Match, Rule, Target};
 use crate::model::IpFamily;
 use crate::netlink::*;

@@ -1,11 +1,12 @@
-//! The iptables backend: kube-proxy's chain layout (pure), restore inputs computed against
-//! the kernel (full sync) or our last write (partial), and the iptables binaries.
+//! The iptables backend: `plan` (kube-proxy's chain layout, pure), `diff` (restore inputs
+//! computed against the kernel for a full sync or our last write for a partial one, pure)
+//! and `kernel` (the iptables binaries).
 
+pub mod diff;
 pub mod direct;
-pub mod exec;
+pub mod kernel;
 pub mod names;
-pub mod render;
-pub mod restore;
+pub mod plan;
 pub mod rule_parse;
 
 use crate::backend::{
@@ -13,9 +14,9 @@ use crate::backend::{
     Upkeep,
 };
 use crate::model::{IpFamily, Snapshot};
-use exec::{IptablesError, IptablesExecutor};
-use render::{FamilyLayout, Rendered};
-use restore::{Base, Input, RestoreStats, Style};
+use diff::{Base, Input, RestoreStats, Style};
+use kernel::{IptablesError, IptablesExecutor};
+use plan::{FamilyLayout, Rendered};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
@@ -32,7 +33,7 @@ pub struct IptablesBackend<E: IptablesExecutor> {
     /// A direct write failed: chains go through iptables-nft-restore only from then on.
     no_direct: bool,
     /// Rules written into our chains by the last sync, per family and table.
-    last_written: BTreeMap<(IpFamily, render::TableName), usize>,
+    last_written: BTreeMap<(IpFamily, plan::TableName), usize>,
 }
 
 impl<E: IptablesExecutor> IptablesBackend<E> {
@@ -55,7 +56,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
     }
 
     /// Rules we own per family and table, as the last syncs left them.
-    pub fn rules_held(&self) -> BTreeMap<(IpFamily, render::TableName), usize> {
+    pub fn rules_held(&self) -> BTreeMap<(IpFamily, plan::TableName), usize> {
         let mut out = BTreeMap::new();
         for (family, layout) in &self.applied.families {
             for (table, _, rules) in layout.chains() {
@@ -67,10 +68,10 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
 
     /// Rules the last sync wrote, per family and table (a partial sync writes only the
     /// changed services' chains; a family it did not touch wrote none).
-    pub fn rules_written_last(&self) -> BTreeMap<(IpFamily, render::TableName), usize> {
+    pub fn rules_written_last(&self) -> BTreeMap<(IpFamily, plan::TableName), usize> {
         let mut out = self.last_written.clone();
         for family in self.applied.families.keys() {
-            for table in render::TableName::ALL {
+            for table in plan::TableName::ALL {
                 out.entry((*family, table)).or_insert(0);
             }
         }
@@ -100,7 +101,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
     /// The restore input, per family, that would program `snapshot` into a kernel with
     /// none of our chains, as `switchyard render` prints it.
     pub fn render(snapshot: &Snapshot) -> String {
-        let rendered = render::render(snapshot);
+        let rendered = plan::render(snapshot);
         let mut out = String::new();
         for family in IpFamily::ALL {
             let (Some(layout), Some(jumps)) =
@@ -118,7 +119,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
     fn sync_family(
         &mut self,
         desired: &FamilyLayout,
-        jumps: &[render::Jump],
+        jumps: &[plan::Jump],
         previous: Option<(&FamilyLayout, Option<&BTreeSet<ServiceKey>>)>,
         applied_before: Option<&FamilyLayout>,
         family: IpFamily,
@@ -133,7 +134,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
                 // Emptied chains stay until the next full sync deletes them with the other
                 // stale chains it finds.
                 let (inputs, stats) =
-                    restore::sync_inputs(desired, Base::Previous { layout, changed }, jumps, style);
+                    diff::sync_inputs(desired, Base::Previous { layout, changed }, jumps, style);
                 (inputs, stats, false)
             }
             None => {
@@ -149,7 +150,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
                         })
                 });
                 let (inputs, stats) =
-                    restore::sync_inputs(desired, Base::Kernel(&saved), jumps, style);
+                    diff::sync_inputs(desired, Base::Kernel(&saved), jumps, style);
                 (inputs, stats, drift)
             }
         };
@@ -225,7 +226,7 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
     fn sync(&mut self, snapshot: &Snapshot, scope: Scope<'_>) -> Result<SyncReport, BackendError> {
         let started = Instant::now();
         let first = self.applied.families.is_empty();
-        if (scope.is_full() || first) && render::fixed::localhost_node_ports(&snapshot.node) {
+        if (scope.is_full() || first) && plan::fixed::localhost_node_ports(&snapshot.node) {
             self.exec.enable_route_localnet()?;
         }
         let all_applied = IpFamily::ALL
@@ -235,7 +236,7 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
         // sync compares every port with the last one then (still writing only what differs).
         let changed = match scope {
             Scope::Services(changed)
-                if all_applied && !render::mode_changed(snapshot, &self.applied) =>
+                if all_applied && !plan::mode_changed(snapshot, &self.applied) =>
             {
                 Some(changed)
             }
@@ -244,7 +245,7 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
         // With changed services, the rest of the layout moves over from the last sync and
         // `previous` keeps only what the changed ports had.
         let mut previous = std::mem::take(&mut self.applied);
-        let mut rendered = render::rerender(snapshot, &mut previous, changed);
+        let mut rendered = plan::rerender(snapshot, &mut previous, changed);
         let report = std::mem::take(&mut rendered.report);
         let mut stats = RestoreStats::default();
         let mut drift = false;
@@ -334,7 +335,7 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
         let mut held: BTreeMap<_, usize> = last.keys().map(|k| (*k, 0)).collect();
         held.extend(self.rules_held());
         held.into_iter()
-            .filter(|((_, table), total)| *total > 0 || *table != render::TableName::Mangle)
+            .filter(|((_, table), total)| *total > 0 || *table != plan::TableName::Mangle)
             .map(|((family, table), total)| RuleCount {
                 family,
                 table: table.as_str(),
@@ -356,11 +357,11 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
         let mut removed = 0;
         for family in IpFamily::ALL {
             let saved = self.exec.save(family)?;
-            let (input, stats) = restore::cleanup_input_of(&saved, owned, self.style());
+            let (input, stats) = diff::cleanup_input_of(&saved, owned, self.style());
             if !input.is_empty() {
                 match self.exec.restore(family, &input) {
                     Err(e) if self.refused_whole_table(&e) => {
-                        let (input, _) = restore::cleanup_input_of(&saved, owned, Style::Plain);
+                        let (input, _) = diff::cleanup_input_of(&saved, owned, Style::Plain);
                         self.exec.restore(family, &input)?;
                     }
                     r => r?,
@@ -377,10 +378,10 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
 pub(crate) fn restore_for_empty_kernel(
     family: IpFamily,
     layout: &FamilyLayout,
-    jumps: &[render::Jump],
+    jumps: &[plan::Jump],
 ) -> String {
-    let empty = restore::Saved::default();
-    let (input, _) = restore::sync_input(layout, Base::Kernel(&empty), jumps);
+    let empty = diff::Saved::default();
+    let (input, _) = diff::sync_input(layout, Base::Kernel(&empty), jumps);
     let cmd = match family {
         IpFamily::V4 => "iptables-restore",
         IpFamily::V6 => "ip6tables-restore",

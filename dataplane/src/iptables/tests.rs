@@ -2,10 +2,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use super::exec::{choose_variant, FakeIptables, Variant};
+use super::diff::{parse_save, Saved};
+use super::kernel::{choose_variant, FakeIptables, Variant};
 use super::names::*;
-use super::render::{render, TableName};
-use super::restore::{parse_save, Saved};
+use super::plan::{render, TableName};
 use super::IptablesBackend;
 use crate::backend::{Backend, Scope};
 use crate::model::*;
@@ -51,11 +51,11 @@ fn snapshot(endpoints: &[&str]) -> Snapshot {
     s
 }
 
-fn table(s: &Snapshot, family: IpFamily, table: TableName) -> super::render::Chains {
+fn table(s: &Snapshot, family: IpFamily, table: TableName) -> super::plan::Chains {
     render(s).families[&family].tables().tables[&table].clone()
 }
 
-fn nat(s: &Snapshot) -> super::render::Chains {
+fn nat(s: &Snapshot) -> super::plan::Chains {
     table(s, IpFamily::V4, TableName::Nat)
 }
 
@@ -123,7 +123,7 @@ fn probabilities_give_equal_shares() {
         let mut left = 1.0f64;
         for i in 0..n {
             let p: f64 = if i + 1 < n {
-                super::render::probability(n - i).parse().unwrap()
+                super::plan::probability(n - i).parse().unwrap()
             } else {
                 1.0
             };
@@ -205,12 +205,12 @@ fn jump_count(fake: &FakeIptables, table: &str, chain: &str, target: &str) -> us
     fake.families[&IpFamily::V4].tables[table]
         .rules
         .iter()
-        .filter(|(c, r)| c == chain && super::restore::rule_target(r) == Some(target))
+        .filter(|(c, r)| c == chain && super::diff::rule_target(r) == Some(target))
         .count()
 }
 
 /// The fake kernel's IPv4 nat table, to edit as another tool would.
-fn nat_mut(fake: &mut FakeIptables) -> &mut super::restore::SavedTable {
+fn nat_mut(fake: &mut FakeIptables) -> &mut super::diff::SavedTable {
     fake.families
         .entry(IpFamily::V4)
         .or_default()
@@ -254,7 +254,7 @@ fn full_sync_adds_jumps_once_removes_stale_chains_and_keeps_foreign_rules() {
         .rules
         .iter()
         .filter(|(c, _)| c == "FORWARD")
-        .filter_map(|(_, r)| super::restore::rule_target(r))
+        .filter_map(|(_, r)| super::diff::rule_target(r))
         .collect();
     assert_eq!(
         fwd,
@@ -394,7 +394,7 @@ fn cleanup_removes_ours_and_nothing_else() {
         assert!(t
             .rules
             .iter()
-            .all(|(_, r)| !super::restore::rule_target(r).is_some_and(owned)));
+            .all(|(_, r)| !super::diff::rule_target(r).is_some_and(owned)));
     }
     assert_eq!(jump_count(f, "filter", "FORWARD", "DOCKER"), 1);
     assert!(f.families[&IpFamily::V4].tables["filter"]
@@ -484,7 +484,7 @@ fn rerendering_changed_services_equals_rendering_everything() {
         ("bench".to_string(), "svc-7".to_string()),
         ("bench".to_string(), "svc-9".to_string()),
     ]);
-    let again = super::render::rerender(&s, &mut previous, Some(&changed));
+    let again = super::plan::rerender(&s, &mut previous, Some(&changed));
     let scratch = render(&s);
     for family in IpFamily::ALL {
         assert_eq!(
@@ -594,7 +594,7 @@ fn endpoint_rules(s: &Snapshot) -> Vec<String> {
 fn large_clusters_leave_the_comments_off_the_endpoint_rules_as_kube_proxy_does() {
     // 100 x 10 endpoints is kube-proxy's threshold itself, not above it.
     let mut s = crate::synth::cluster(100, 10);
-    assert!(!super::render::large_cluster(&s, IpFamily::V4));
+    assert!(!super::plan::large_cluster(&s, IpFamily::V4));
     let rules = endpoint_rules(&s);
     assert_eq!(rules.len(), 100 * 10 * 3);
     assert!(
@@ -603,7 +603,7 @@ fn large_clusters_leave_the_comments_off_the_endpoint_rules_as_kube_proxy_does()
     );
     // One more endpoint crosses it: the endpoint rules lose their comments, the rest keep them.
     crate::synth::add_service(&mut s, 100, 1);
-    assert!(super::render::large_cluster(&s, IpFamily::V4));
+    assert!(super::plan::large_cluster(&s, IpFamily::V4));
     let rules = endpoint_rules(&s);
     assert_eq!(rules.len(), 1001 * 3);
     let bare: Vec<&String> = rules.iter().filter(|r| !r.contains("-m comment")).collect();
@@ -637,7 +637,7 @@ fn large_clusters_leave_the_comments_off_the_endpoint_rules_as_kube_proxy_does()
         "{sep:?}"
     );
     // Another family's endpoints do not count toward this family's threshold.
-    assert!(!super::render::large_cluster(&s, IpFamily::V6));
+    assert!(!super::plan::large_cluster(&s, IpFamily::V6));
 }
 
 #[test]
@@ -681,7 +681,7 @@ fn crossing_the_large_cluster_threshold_rewrites_every_endpoint_rule_in_a_partia
 
 #[test]
 fn large_blocks_for_iptables_nft_read_the_whole_table_and_follow_the_kernels_walk() {
-    use super::restore::{Style, WHOLE_TABLE_CHAINS};
+    use super::diff::{Style, WHOLE_TABLE_CHAINS};
     let s = crate::synth::cluster(100, 10);
     // A kernel without a nat table: the jumps could not go in the whole-table block.
     let mut empty = IptablesBackend::new(FakeIptables {
@@ -739,7 +739,7 @@ fn large_blocks_for_iptables_nft_read_the_whole_table_and_follow_the_kernels_wal
         } else if let Some(rule) = line.strip_prefix("-A ") {
             let (chain, rule) = rule.split_once(' ').unwrap();
             assert_eq!(chain, current, "{line}");
-            if let Some(t) = super::restore::rule_target(rule) {
+            if let Some(t) = super::diff::rule_target(rule) {
                 if declared.contains(&t) {
                     assert!(before.contains(t), "{t} after {chain}");
                 }
@@ -760,7 +760,7 @@ fn large_blocks_for_iptables_nft_read_the_whole_table_and_follow_the_kernels_wal
         .rules
         .iter()
         .filter(|(c, _)| c == svc)
-        .filter_map(|(_, r)| super::restore::rule_target(r))
+        .filter_map(|(_, r)| super::diff::rule_target(r))
         .filter(|t| t.starts_with("KUBE-SEP-"))
         .collect();
     assert_eq!(svc_targets.len(), 10);
@@ -829,7 +829,7 @@ fn large_blocks_for_iptables_nft_read_the_whole_table_and_follow_the_kernels_wal
 
 #[test]
 fn rules_read_back_from_iptables_save_compare_equal_to_what_we_wrote() {
-    use super::restore::same_rule;
+    use super::diff::same_rule;
     // (iptables-nft-save 1.8.9's line, ours), from a real kernel.
     let same = [
         (
@@ -899,7 +899,7 @@ fn an_endpoint_change_reuses_the_fixed_chains_and_a_front_end_change_assembles_t
     let changed = BTreeSet::from([("bench".to_string(), "svc-7".to_string())]);
     let mut previous = render(&s);
     crate::synth::replace_endpoint(&mut s, 7, 1, 1);
-    let again = super::render::rerender(&s, &mut previous, Some(&changed));
+    let again = super::plan::rerender(&s, &mut previous, Some(&changed));
     let v4 = &again.families[&IpFamily::V4];
     assert!(
         v4.fixed_kept,
@@ -915,7 +915,7 @@ fn an_endpoint_change_reuses_the_fixed_chains_and_a_front_end_change_assembles_t
         .cloned()
         .unwrap();
     s.services.get_mut(&key).unwrap().cluster_ip = ip("172.31.0.7");
-    let third = super::render::rerender(&s, &mut previous, Some(&changed));
+    let third = super::plan::rerender(&s, &mut previous, Some(&changed));
     let v4 = &third.families[&IpFamily::V4];
     assert!(!v4.fixed_kept);
     assert_eq!(v4.tables(), render(&s).families[&IpFamily::V4].tables());
@@ -948,7 +948,7 @@ fn an_endpoint_change_reuses_the_fixed_chains_and_a_front_end_change_assembles_t
 
 #[test]
 fn an_iptables_nft_that_refuses_whole_table_inputs_is_written_chain_by_chain() {
-    use super::restore::Style;
+    use super::diff::Style;
     let s = crate::synth::cluster(100, 10);
     let mut b = IptablesBackend::new(FakeIptables {
         style: Style::Nft,
@@ -996,7 +996,7 @@ fn an_iptables_nft_that_refuses_whole_table_inputs_is_written_chain_by_chain() {
 /// plain restore.
 #[test]
 fn new_chains_of_a_large_sync_are_created_directly_and_the_rest_restored() {
-    use super::restore::Style;
+    use super::diff::Style;
     let mut s = crate::synth::cluster(100, 10);
     let sticky = ServicePortName::new("bench", "svc-7", "http", Protocol::Tcp);
     s.services
@@ -1025,7 +1025,7 @@ fn new_chains_of_a_large_sync_are_created_directly_and_the_rest_restored() {
             && !sticky_chains.contains(chain.as_str())
             && !rules
                 .iter()
-                .filter_map(|r| super::restore::rule_target(r))
+                .filter_map(|r| super::diff::rule_target(r))
                 .any(|t| sticky_chains.contains(t));
         assert_eq!(created.contains(chain.as_str()), direct, "{chain}");
     }
@@ -1095,7 +1095,7 @@ fn new_chains_of_a_large_sync_are_created_directly_and_the_rest_restored() {
 /// later syncs do not try again.
 #[test]
 fn a_refused_direct_write_falls_back_to_the_restore_for_good() {
-    use super::restore::Style;
+    use super::diff::Style;
     let s = crate::synth::cluster(100, 10);
     let mut b = IptablesBackend::new(FakeIptables {
         style: Style::NftDirect,

@@ -13,9 +13,9 @@ pub mod rules;
 pub mod sets;
 
 use crate::backend::{Backend, BackendError, Scope, SyncReport, TxStats};
-use crate::iptables::exec::{IptablesError, IptablesExecutor};
-use crate::iptables::render::FamilyLayout;
-use crate::iptables::restore::{self, Base};
+use crate::iptables::diff::{self as iptables_diff, Base};
+use crate::iptables::kernel::{IptablesError, IptablesExecutor};
+use crate::iptables::plan::FamilyLayout;
 use crate::model::{IpFamily, Snapshot};
 use diff::{have_of, Draining, Have};
 use genl::{Op, ServiceId};
@@ -198,7 +198,7 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
                         layout: p,
                         changed: None,
                     };
-                    restore::sync_input(&layout, base, &jumps).0
+                    iptables_diff::sync_input(&layout, base, &jumps).0
                 }
                 _ => {
                     let saved = match self.ipt.save(family) {
@@ -210,7 +210,8 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
                         }
                         Err(e) => return Err(e),
                     };
-                    let (input, s) = restore::sync_input(&layout, Base::Kernel(&saved), &jumps);
+                    let (input, s) =
+                        iptables_diff::sync_input(&layout, Base::Kernel(&saved), &jumps);
                     stats.chains_written += s.chains_written;
                     stats.rules_written += s.rules_written + s.jumps_inserted;
                     stats.chains_deleted += s.chains_deleted;
@@ -624,7 +625,7 @@ impl<K: IpvsKernel, E: IptablesExecutor> Backend for IpvsBackend<K, E> {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let (input, stats) = restore::cleanup_input(&saved);
+            let (input, stats) = iptables_diff::cleanup_input(&saved);
             if !input.is_empty() {
                 self.ipt.restore(family, &input)?;
             }

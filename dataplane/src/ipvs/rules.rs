@@ -6,8 +6,8 @@
 //! a bound service address on a port no service has, which would otherwise reach the node.
 
 use super::sets::SetName;
-use crate::iptables::render::fixed::{forward_rules, masquerade_marked, nat_jumps};
-use crate::iptables::render::{detector, Chains, FamilyLayout, Jump, TableName, Tables};
+use crate::iptables::plan::fixed::{forward_rules, masquerade_marked, nat_jumps};
+use crate::iptables::plan::{detector, Chains, FamilyLayout, Jump, TableName, Tables};
 use crate::model::{IpFamily, NodeConfig};
 
 pub const SERVICES: &str = "KUBE-SERVICES";

@@ -3,8 +3,8 @@
 use super::genl::{Op, ServiceId, ServiceSpec};
 use super::kernel::FakeIpvs;
 use super::*;
-use crate::iptables::exec::FakeIptables;
-use crate::iptables::render::TableName;
+use crate::iptables::kernel::FakeIptables;
+use crate::iptables::plan::TableName;
 use crate::model::{Endpoint, Protocol};
 use crate::synth;
 

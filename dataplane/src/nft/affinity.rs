@@ -3,9 +3,9 @@
 //! fills the affinity map; only a sync knows when an entry went stale, so after each sync
 //! that changed something the remembered entries are read back and the stale ones deleted.
 
+use super::diff::{Op, Transaction};
 use super::skeleton::{BACKEND_MAPS, MAP_AFFINITY_FRONTENDS};
 use super::tables::Table;
-use super::transaction::{Op, Transaction};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Whether `tx` takes out something a remembered client may depend on (a re-pointed slot

@@ -6,10 +6,10 @@
 //! a millisecond. Transactions that touch chains, sets or tables, or elements of sets whose
 //! layout this module does not know, still go through `nft -f`.
 
+use super::diff::{Op, Transaction};
 use super::netlink::{Field, Fields};
 use super::skeleton::{SET_FIREWALL_ALLOW, SET_NODEPORT_ADDRS, SET_SERVICE_CIDRS};
 use super::tables::{family_name, TABLE};
-use super::transaction::{Op, Transaction};
 use crate::model::IpFamily;
 use crate::netlink::*;
 use std::net::IpAddr;

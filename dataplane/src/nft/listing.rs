@@ -14,7 +14,7 @@ use std::net::IpAddr;
 #[error("cannot read nft listing: {0}")]
 pub struct ListingError(pub String);
 
-/// Canonical text of one element value or key part, as [`super::layout`] writes it.
+/// Canonical text of one element value or key part, as [`super::plan`] writes it.
 fn atom(v: &Value) -> Result<String, ListingError> {
     match v {
         Value::String(s) => Ok(match s.parse::<IpAddr>() {

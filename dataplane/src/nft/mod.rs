@@ -1,16 +1,17 @@
-//! The nftables backend: layout (pure), diff into a transaction (pure), and `nft` execution.
+//! The nftables backend: `plan` (the desired tables, pure), `diff` (the transaction that
+//! moves the kernel there, pure) and `kernel` (`nft` and the netlink reads).
 
 pub mod affinity;
 pub mod batch;
 pub mod commits;
-pub mod exec;
-pub mod layout;
+pub mod diff;
+pub mod kernel;
 pub mod listing;
 pub mod netlink;
 pub mod ownership;
+pub mod plan;
 pub mod skeleton;
 pub mod tables;
-pub mod transaction;
 pub mod verify;
 
 use crate::backend::{
@@ -18,7 +19,7 @@ use crate::backend::{
     Subscribe, SyncReport, Upkeep,
 };
 use crate::model::Snapshot;
-use exec::{NftError, NftExecutor};
+use kernel::{NftError, NftExecutor};
 use ownership::Index;
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -67,13 +68,13 @@ impl<E: NftExecutor> NftBackend<E> {
     }
 
     /// The transaction that would program `snapshot` into an empty kernel.
-    pub fn render(snapshot: &Snapshot) -> transaction::Transaction {
+    pub fn render(snapshot: &Snapshot) -> diff::Transaction {
         let empty = Ruleset::default();
-        let (desired, _) = layout::desired(snapshot, &empty);
-        transaction::diff(&empty, &desired, false)
+        let (desired, _) = plan::desired(snapshot, &empty);
+        diff::diff(&empty, &desired, false)
     }
 
-    /// A background read of the kernel (see [`exec::read_kernel`]) starts now; true when
+    /// A background read of the kernel (see [`kernel::read_kernel`]) starts now; true when
     /// there is a committed state to check it against.
     pub fn begin_verify(&mut self) -> bool {
         self.verifying = self.applied.as_ref().map(|_| verify::Recent::default());
@@ -117,7 +118,7 @@ impl<E: NftExecutor> NftBackend<E> {
         Ok((kernel, after.filter(|_| before == after)))
     }
 
-    fn commit(&mut self, tx: &transaction::Transaction) -> Result<(), BackendError> {
+    fn commit(&mut self, tx: &diff::Transaction) -> Result<(), BackendError> {
         if tx.is_empty() {
             return Ok(());
         }
@@ -155,7 +156,7 @@ impl<E: NftExecutor> NftBackend<E> {
         // between. A failure to ask only costs the next periodic check a read.
         let now = self.exec.generation().ok().flatten();
         self.held_at = match (held, now) {
-            (Some(h), Some(g)) if g == exec::next_generation(h) => Some(g),
+            (Some(h), Some(g)) if g == kernel::next_generation(h) => Some(g),
             _ => None,
         };
         Ok(())
@@ -165,7 +166,7 @@ impl<E: NftExecutor> NftBackend<E> {
     /// earlier purge is owed): forget remembered affinity clients whose endpoint or front
     /// end is gone, or they would keep reaching it. Best effort: a failure is logged and
     /// retried at the next sync.
-    fn forget_stale_clients(&mut self, desired: &Ruleset, tx: &transaction::Transaction) {
+    fn forget_stale_clients(&mut self, desired: &Ruleset, tx: &diff::Transaction) {
         let remembering = desired.tables.values().any(|t| {
             t.sets
                 .get(skeleton::MAP_AFFINITY_FRONTENDS)
@@ -198,16 +199,16 @@ impl<E: NftExecutor> NftBackend<E> {
     ) -> Result<Result<SyncReport, BackendError>, Applied> {
         let started = Instant::now();
         let Some(touched) =
-            layout::update(snapshot, &mut applied.ruleset, &mut applied.index, changed)
+            plan::update(snapshot, &mut applied.ruleset, &mut applied.index, changed)
         else {
             return Err(applied);
         };
-        let tx = transaction::patch(&applied.ruleset, &touched);
+        let tx = diff::patch(&applied.ruleset, &touched);
         if let Err(e) = self.commit(&tx) {
             return Ok(Err(e));
         }
         self.forget_stale_clients(&applied.ruleset, &tx);
-        let report = layout::report_of(&applied.index, Vec::new());
+        let report = plan::report_of(&applied.index, Vec::new());
         self.applied = Some(applied);
         Ok(Ok(SyncReport {
             full: false,
@@ -236,7 +237,7 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
             }
             (Scope::RepairAll, Some(applied)) => {
                 let (kernel, at) = self.read()?;
-                drift = !transaction::diff(&kernel, &applied.ruleset, false).is_empty();
+                drift = !diff::diff(&kernel, &applied.ruleset, false).is_empty();
                 self.held_at = at;
                 kernel
             }
@@ -247,8 +248,8 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
                 kernel
             }
         };
-        let (desired, index, layout) = layout::layout(snapshot, &current);
-        let tx = transaction::diff(&current, &desired, full);
+        let (desired, index, layout) = plan::layout(snapshot, &current);
+        let tx = diff::diff(&current, &desired, full);
         self.commit(&tx)?;
         self.forget_stale_clients(&desired, &tx);
         self.applied = Some(Applied {
@@ -269,7 +270,7 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
 
     fn cleanup(&mut self) -> Result<usize, BackendError> {
         let current = self.exec.read()?;
-        let tx = transaction::diff(&current, &Ruleset::default(), false);
+        let tx = diff::diff(&current, &Ruleset::default(), false);
         let removed = current.tables.len();
         if !tx.is_empty() {
             self.exec.apply(&tx)?;

@@ -1,9 +1,9 @@
 //! Logic tests of the nftables backend on the fake executor.
 
-use super::exec::FakeNft;
-use super::layout;
+use super::diff::{apply, diff, Op};
+use super::kernel::FakeNft;
+use super::plan;
 use super::tables::Ruleset;
-use super::transaction::{apply, diff, Op};
 use super::NftBackend;
 use crate::backend::{Backend, Scope};
 use crate::model::*;
@@ -117,9 +117,9 @@ fn service_without_endpoints_rejects_on_every_front_end() {
     svc.node_port = 3001;
     svc.external_ips = vec![ip("192.168.99.11")];
     let s = snapshot(vec![(svc, vec![])]);
-    let (rs, _) = layout::desired(&s, &Ruleset::default());
+    let (rs, _) = plan::desired(&s, &Ruleset::default());
     let t = rs.table(IpFamily::V4).unwrap();
-    let none = &t.sets[layout::MAP_NO_ENDPOINT_SERVICES].elements;
+    let none = &t.sets[plan::MAP_NO_ENDPOINT_SERVICES].elements;
     assert_eq!(
         none.get("172.30.0.41 . tcp . 80"),
         Some(&Some("goto reject-chain".into()))
@@ -129,13 +129,13 @@ fn service_without_endpoints_rejects_on_every_front_end() {
         Some(&Some("goto reject-chain".into()))
     );
     assert_eq!(
-        t.sets[layout::MAP_NO_ENDPOINT_NODEPORTS]
+        t.sets[plan::MAP_NO_ENDPOINT_NODEPORTS]
             .elements
             .get("tcp . 3001"),
         Some(&Some("goto reject-chain".into()))
     );
-    assert!(t.sets[layout::MAP_SERVICE_IPS].elements.is_empty());
-    assert!(t.sets[layout::SET_CLUSTER_IPS]
+    assert!(t.sets[plan::MAP_SERVICE_IPS].elements.is_empty());
+    assert!(t.sets[plan::SET_CLUSTER_IPS]
         .elements
         .contains_key("172.30.0.41"));
 }
@@ -149,8 +149,8 @@ fn diff_applied_to_old_gives_new() {
         .get_mut(&first)
         .unwrap()
         .push(Endpoint::ready(ip("10.9.9.9"), 8080));
-    let (ra, _) = layout::desired(&a, &Ruleset::default());
-    let (rb, _) = layout::desired(&b, &ra);
+    let (ra, _) = plan::desired(&a, &Ruleset::default());
+    let (rb, _) = plan::desired(&b, &ra);
     let tx = diff(&ra, &rb, false);
     let got = apply(&ra, &tx).unwrap();
     assert_eq!(got.tables.len(), 2);
@@ -173,8 +173,8 @@ fn one_endpoint_change_touches_few_elements_at_any_scale() {
         let key = b.endpoints.keys().nth(n / 2).unwrap().clone();
         let list = b.endpoints.get_mut(&key).unwrap();
         list.remove(3);
-        let (ra, _) = layout::desired(&a, &Ruleset::default());
-        let (rb, _) = layout::desired(&b, &ra);
+        let (ra, _) = plan::desired(&a, &Ruleset::default());
+        let (rb, _) = plan::desired(&b, &ra);
         let tx = diff(&ra, &rb, false);
         let st = tx.stats();
         // Slot 3 refilled by the last endpoint, slot 9 deleted, dispatch re-pointed to
@@ -224,7 +224,7 @@ fn kernel_drift_is_repaired_by_a_full_sync() {
         .get_mut(&IpFamily::V4)
         .unwrap()
         .sets
-        .get_mut(layout::MAP_BACKENDS)
+        .get_mut(plan::MAP_BACKENDS)
         .unwrap()
         .elements
         .clear();
@@ -315,14 +315,14 @@ fn conflicting_front_ends_keep_the_first_service() {
     let mut b = port("b", "two", "172.30.0.2", 80);
     b.external_ips = vec![ip("192.168.99.11")];
     let s = snapshot(vec![(a, vec!["10.0.0.1"]), (b, vec!["10.0.0.2"])]);
-    let (rs, report) = layout::desired(&s, &Ruleset::default());
+    let (rs, report) = plan::desired(&s, &Ruleset::default());
     assert_eq!(report.conflicts.len(), 1);
     assert!(
         report.conflicts[0].contains("b/two:http/tcp"),
         "{:?}",
         report.conflicts
     );
-    let be = &rs.table(IpFamily::V4).unwrap().sets[layout::MAP_BACKENDS].elements;
+    let be = &rs.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS].elements;
     assert_eq!(
         be.get("192.168.99.11 . tcp . 80 . 0"),
         Some(&Some("10.0.0.1 . 8080".into()))
@@ -367,7 +367,7 @@ fn a_family_the_kernel_refuses_does_not_hold_back_the_other() {
     let s2 = snapshot(vec![(v4, vec!["10.0.0.2"]), (v6, vec!["fd00:10::1"])]);
     assert!(be.sync(&s2, Scope::AllServices).is_err());
     let v4_backends =
-        &be.executor().state.table(IpFamily::V4).unwrap().sets[layout::MAP_BACKENDS].elements;
+        &be.executor().state.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS].elements;
     assert!(
         v4_backends
             .values()

@@ -2,10 +2,10 @@
 //! walk of edits, both must give the same ruleset, the same index and, through the strict
 //! in-memory kernel, the same result from the patch as from the whole diff.
 
-use super::exec::FakeNft;
-use super::layout::{layout, update};
+use super::diff::{apply, diff, patch};
+use super::kernel::FakeNft;
+use super::plan::{layout, update};
 use super::tables::Ruleset;
-use super::transaction::{apply, diff, patch};
 use super::NftBackend;
 use crate::backend::{Backend, Scope, ServiceKey};
 use crate::model::*;

@@ -4,8 +4,8 @@
 //! other sync for. So the periodic check reads in the background and compares afterwards;
 //! whatever a commit touched while the read ran may show either version, and is left out.
 
+use super::diff::{Op, Transaction};
 use super::tables::Ruleset;
-use super::transaction::{Op, Transaction};
 use crate::model::IpFamily;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -152,8 +152,8 @@ fn side_by_side<'a, K: Ord, V>(
 mod tests {
     use super::*;
     use crate::model::*;
-    use crate::nft::layout;
-    use crate::nft::transaction::diff;
+    use crate::nft::diff::diff;
+    use crate::nft::plan;
 
     fn ruleset(endpoints: &[&str]) -> Ruleset {
         let mut s = crate::synth::cluster(3, 2);
@@ -165,7 +165,7 @@ mod tests {
                 .map(|e| Endpoint::ready(e.parse().unwrap(), 8080))
                 .collect(),
         );
-        layout::desired(&s, &Ruleset::default()).0
+        plan::desired(&s, &Ruleset::default()).0
     }
 
     #[test]
@@ -177,7 +177,7 @@ mod tests {
         let mut kernel = committed.clone();
         let v4 = kernel.tables.get_mut(&IpFamily::V4).unwrap();
         v4.sets
-            .get_mut(layout::MAP_BACKENDS)
+            .get_mut(plan::MAP_BACKENDS)
             .unwrap()
             .elements
             .pop_first();

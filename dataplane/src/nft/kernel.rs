@@ -1,10 +1,10 @@
 //! The only I/O of the nftables backend: running `nft`, behind a trait with a fake twin.
 
+use super::diff::{apply, Op, Transaction};
 use super::listing::{parse_table, ListingError};
 use super::netlink::Reader;
 use super::skeleton::MAP_AFFINITY;
 use super::tables::{family_name, Ruleset, TABLE};
-use super::transaction::{apply, Op, Transaction};
 use crate::backend::{BackendError, Subscribe, WaitForChange};
 use crate::model::IpFamily;
 use crate::netlink::NetlinkError;

@@ -7,7 +7,7 @@
 //! the chains written, the chains deleted (`-X`, emptied first) and the jumps inserted.
 
 use super::names;
-use super::render::{ports_of, Chains, FamilyLayout, Jump, PortRules, TableName};
+use super::plan::{ports_of, Chains, FamilyLayout, Jump, PortRules, TableName};
 use super::rule_parse::{encodable, rule_words};
 use crate::model::ServicePortName;
 use std::collections::{BTreeMap, BTreeSet};

@@ -2,8 +2,8 @@
 //! route_localnet sysctl, behind a trait with a fake twin; and choosing between the
 //! iptables-nft and iptables-legacy back ends as the kube-proxy image's wrapper does.
 
-use super::render::TableName;
-use super::restore::{parse_save, SaveParseError, Saved, Style};
+use super::diff::{parse_save, SaveParseError, Saved, Style};
+use super::plan::TableName;
 use crate::backend::BackendError;
 use crate::model::IpFamily;
 use std::collections::BTreeSet;
@@ -122,7 +122,7 @@ pub trait IptablesExecutor {
         chain: &str,
     ) -> Result<bool, IptablesError>;
     /// Creates `chains`, none of which exists yet, with their rules, in one transaction
-    /// ([`Style::NftDirect`]'s [`super::restore::Input::Create`]).
+    /// ([`Style::NftDirect`]'s [`super::diff::Input::Create`]).
     fn create_chains(
         &mut self,
         family: IpFamily,
@@ -498,7 +498,7 @@ impl FakeIptables {
                 let referenced = t
                     .rules
                     .iter()
-                    .any(|(c, r)| c != chain && super::restore::rule_target(r) == Some(chain));
+                    .any(|(c, r)| c != chain && super::diff::rule_target(r) == Some(chain));
                 if referenced {
                     return Err(format!("chain {chain} is still referenced"));
                 }
@@ -579,7 +579,7 @@ impl IptablesExecutor for FakeIptables {
         }
         for (chain, rules) in chains {
             for rule in rules.iter() {
-                let target_missing = super::restore::rule_target(rule)
+                let target_missing = super::diff::rule_target(rule)
                     .is_some_and(|t| t.starts_with("KUBE-") && !work.chains.contains(t));
                 if !super::rule_parse::encodable(rule) || target_missing {
                     return Err(DirectError::Unsupported(format!("{chain}: {rule}")).into());
