@@ -19,7 +19,7 @@ mod apiserver;
 #[path = "../tests/rig/exposition.rs"]
 mod exposition;
 
-use exposition::{buckets, quantile, value};
+use exposition::{buckets, quantile, v4, value};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -134,7 +134,7 @@ fn main() {
     let started = Instant::now();
     loop {
         let m = scrape(&ns);
-        if value(&m, "kubeproxy_sync_proxy_rules_duration_seconds_count").unwrap_or(0.0) >= 1.0 {
+        if value(&m, &v4("kubeproxy_sync_proxy_rules_duration_seconds_count")).unwrap_or(0.0) >= 1.0 {
             break;
         }
         assert!(
@@ -219,12 +219,12 @@ fn main() {
     let delta =
         |name: &str| value(&after, name).unwrap_or(0.0) - value(&before, name).unwrap_or(0.0);
     let mean_ms = |kind: &str| {
-        let n = delta(&format!(
+        let n = delta(&v4(&format!(
             "kubeproxy_sync_{kind}proxy_rules_duration_seconds_count"
-        ));
-        let sum = delta(&format!(
+        )));
+        let sum = delta(&v4(&format!(
             "kubeproxy_sync_{kind}proxy_rules_duration_seconds_sum"
-        ));
+        )));
         (n, if n > 0.0 { sum / n * 1000.0 } else { 0.0 })
     };
     let (syncs, mean) = mean_ms("");
