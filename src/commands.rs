@@ -83,6 +83,7 @@ fn connection(args: &RunArgs, cfg: &ProxyConfig) -> agent::kube_source::Connecti
         master: args.master.clone(),
         qps: cfg.client.qps,
         burst: cfg.client.burst,
+        streaming_lists: cfg.gate("WatchListClient"),
     }
 }
 
@@ -265,6 +266,7 @@ pub fn kube_proxy(inv: Invocation) -> Result<(), CommandError> {
                     master: inv.master,
                     qps: cfg.client.qps,
                     burst: cfg.client.burst,
+                    streaming_lists: cfg.gate("WatchListClient"),
                 }),
             };
             start_agent(cfg, source)

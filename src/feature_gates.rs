@@ -49,6 +49,16 @@ const GATES: &[Gate] = &[
         locked: true,
         honoured: true,
     },
+    // client-go's gate, wired into kube-proxy's --feature-gates (pkg/features
+    // kube_features.go init, AddVersionedFeaturesToExistingFeatureGates); on since 1.35
+    // (client-go features/known_features.go): every initial list and relist is a streaming
+    // watch (sendInitialEvents) instead of a LIST.
+    Gate {
+        name: "WatchListClient",
+        default: true,
+        locked: false,
+        honoured: true,
+    },
 ];
 
 /// The v1.37 default of a gate this module knows.

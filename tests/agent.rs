@@ -66,6 +66,8 @@ struct Agent {
     /// `mode` and `syncPeriod` of the agent's configuration.
     mode: &'static str,
     sync_period: &'static str,
+    /// More lines of the agent's configuration.
+    config_extra: &'static str,
 }
 
 impl Agent {
@@ -96,6 +98,7 @@ impl Agent {
             env: Vec::new(),
             mode: "nftables",
             sync_period: "2s",
+            config_extra: "",
         })
     }
 
@@ -107,8 +110,8 @@ impl Agent {
             format!(
                 "kind: KubeProxyConfiguration\napiVersion: kubeproxy.config.k8s.io/v1alpha1\n\
                  mode: {}\nhostnameOverride: node-a\nminSyncPeriod: 100ms\nsyncPeriod: {}\n\
-                 healthzBindAddress: 127.0.0.1:10256\nmetricsBindAddress: 127.0.0.1:10249\n",
-                self.mode, self.sync_period
+                 healthzBindAddress: 127.0.0.1:10256\nmetricsBindAddress: 127.0.0.1:10249\n{}",
+                self.mode, self.sync_period, self.config_extra
             ),
         )
         .unwrap();
@@ -810,6 +813,87 @@ fn run_against_the_api_server_follows_watches_and_survives_outages() {
     assert!(agent.metric(&text, "kubeproxy_sync_proxy_rules_service_changes_total") >= 2.0);
     let status = agent.terminate();
     assert!(status.success(), "{status:?}\n{}", agent.log());
+}
+
+/// Lists are streaming watches (`sendInitialEvents`), as client-go's are in kube-proxy v1.37
+/// with its WatchListClient gate on by default: no LIST request at all. An API server that
+/// refuses them (kube-apiserver with its WatchList gate off answers 422) gets LISTs instead
+/// and the node is programmed all the same; `featureGates: {WatchListClient: false}` lists
+/// page by page from the start, as kube-proxy does with that gate off.
+#[test]
+fn lists_are_streaming_watches_with_a_fallback_and_a_gate() {
+    for case in ["streaming", "refused", "gate-off"] {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(mut agent) = Agent::namespace(&format!("wl-{case}")) else {
+            return;
+        };
+        let ns = agent.ns.clone();
+        let api = apiserver::ApiServer::start(move || {
+            netns::in_netns(&ns, || std::net::TcpListener::bind("127.0.0.1:6443")).unwrap()
+        });
+        if case == "refused" {
+            api.refuse_streaming_lists();
+        }
+        if case == "gate-off" {
+            agent.config_extra = "featureGates:\n  WatchListClient: false\n";
+        }
+        api.apply(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "node-a"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.10"}]}}));
+        api.apply(service("web", "172.30.0.1", json!({})));
+        api.apply(slice("web", &["10.1.0.1"]));
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+        agent.spawn(
+            dir.path(),
+            &["--kubeconfig".as_ref(), kubeconfig.as_os_str()],
+        );
+        agent.wait_ruleset(&format!("{case}: the first sync"), |rs| {
+            rs.contains("10.1.0.1") && rs.contains("172.30.0.1")
+        });
+        // And the watch that follows the list carries a change.
+        api.apply(slice("web", &["10.1.0.2"]));
+        agent.wait_ruleset(&format!("{case}: a change"), |rs| {
+            rs.contains("10.1.0.2") && !rs.contains("10.1.0.1")
+        });
+
+        let reqs = api.requests();
+        let of = |prefix: &str| -> Vec<&String> {
+            reqs.iter().filter(|r| r.starts_with(prefix)).collect()
+        };
+        for collection in [
+            "/api/v1/services?",
+            "/apis/discovery.k8s.io/v1/endpointslices?",
+        ] {
+            let all = of(collection);
+            let lists = all.iter().filter(|r| !r.contains("watch=true")).count();
+            let streamed = all
+                .iter()
+                .filter(|r| r.contains("watch=true") && r.contains("sendInitialEvents=true"))
+                .count();
+            match case {
+                "streaming" => {
+                    assert_eq!(lists, 0, "{case} {collection}: {all:?}");
+                    assert!(streamed >= 1, "{case} {collection}: {all:?}");
+                }
+                "refused" => {
+                    assert!(streamed >= 1 && lists >= 1, "{case} {collection}: {all:?}");
+                }
+                _ => {
+                    assert_eq!(streamed, 0, "{case} {collection}: {all:?}");
+                    assert!(lists >= 1, "{case} {collection}: {all:?}");
+                }
+            }
+        }
+        let log = agent.log();
+        assert_eq!(
+            log.contains("refused a streaming list"),
+            case == "refused",
+            "{case}: {log}"
+        );
+        let status = agent.terminate();
+        assert!(status.success(), "{case}: {status:?}\n{}", agent.log());
+    }
 }
 
 #[test]

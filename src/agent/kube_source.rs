@@ -2,6 +2,8 @@
 //! kube-proxy's label selector), this node's Node and the ServiceCIDRs. Each initial list
 //! (and every relist after 410 Gone or a lost connection) is buffered and reported as one
 //! complete set, so objects deleted during an outage disappear when the watch comes back.
+//! Lists are streaming watches (`sendInitialEvents`), as client-go's are in kube-proxy v1.37,
+//! unless the WatchListClient gate is off or the API server refuses them.
 
 use super::metrics::Metrics;
 use super::store::{object_key, Arrival, Kind, SourceEvent};
@@ -31,6 +33,8 @@ pub struct Connection {
     /// clientConnection.qps and burst (client-go's token bucket); zero qps: no limit.
     pub qps: f32,
     pub burst: i32,
+    /// The WatchListClient gate: initial lists and relists as streaming watches.
+    pub streaming_lists: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -143,7 +147,18 @@ pub async fn list_once(
 }
 
 /// Start one watcher per kind; they run until the receiver goes away.
-pub fn spawn(client: Client, node_name: &str, tx: mpsc::Sender<Arrival>, metrics: Metrics) {
+pub fn spawn(
+    client: Client,
+    node_name: &str,
+    streaming_lists: bool,
+    tx: mpsc::Sender<Arrival>,
+    metrics: Metrics,
+) {
+    let lists = if streaming_lists {
+        Lists::Streaming
+    } else {
+        Lists::Paged
+    };
     let services: Api<Service> = Api::all(client.clone());
     let slices: Api<EndpointSlice> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
@@ -156,6 +171,7 @@ pub fn spawn(client: Client, node_name: &str, tx: mpsc::Sender<Arrival>, metrics
         Kind::Service,
         services,
         svc_cfg,
+        lists,
         tx.clone(),
         metrics.clone(),
         |s| Object::Service(Box::new(s)),
@@ -164,6 +180,7 @@ pub fn spawn(client: Client, node_name: &str, tx: mpsc::Sender<Arrival>, metrics
         Kind::EndpointSlice,
         slices,
         slice_cfg,
+        lists,
         tx.clone(),
         metrics.clone(),
         |s| Object::EndpointSlice(Box::new(s)),
@@ -172,6 +189,7 @@ pub fn spawn(client: Client, node_name: &str, tx: mpsc::Sender<Arrival>, metrics
         Kind::Node,
         nodes,
         node_cfg,
+        lists,
         tx.clone(),
         metrics.clone(),
         |n| Object::Node(Box::new(n)),
@@ -180,16 +198,58 @@ pub fn spawn(client: Client, node_name: &str, tx: mpsc::Sender<Arrival>, metrics
         Kind::ServiceCidr,
         cidrs,
         watcher::Config::default(),
+        lists,
         tx,
         metrics,
         |c| Object::ServiceCidr(Box::new(c)),
     ));
 }
 
+/// How a watcher takes its initial list and every relist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lists {
+    /// One watch with `sendInitialEvents=true`: the current objects, then the bookmark that
+    /// ends them, then the changes (client-go's WatchList).
+    Streaming,
+    /// LIST requests, page by page, then a watch from the list's resourceVersion.
+    Paged,
+}
+
+fn watch_stream<K>(
+    api: &Api<K>,
+    cfg: &watcher::Config,
+    lists: Lists,
+) -> futures_util::stream::BoxStream<'static, watcher::Result<Event<K>>>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    let cfg = match lists {
+        Lists::Streaming => cfg.clone().streaming_lists(),
+        Lists::Paged => cfg.clone(),
+    };
+    watcher::watcher(api.clone(), cfg)
+        .backoff(WatchBackoff::default())
+        .boxed()
+}
+
+/// The API server refused a streaming list as a request it does not serve (kube-apiserver
+/// with the WatchList gate off answers 422 "sendInitialEvents is forbidden for watch unless
+/// the WatchList feature gate is enabled"), not for a reason a LIST would share (403, 429,
+/// 5xx, a lost connection).
+fn streaming_refused(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 400 || s.code == 422,
+        watcher::Error::WatchError(s) => s.code == 400 || s.code == 422,
+        _ => false,
+    }
+}
+
 async fn run<K>(
     kind: Kind,
     api: Api<K>,
     cfg: watcher::Config,
+    mut lists: Lists,
     tx: mpsc::Sender<Arrival>,
     metrics: Metrics,
     wrap: fn(K) -> Object,
@@ -197,9 +257,7 @@ async fn run<K>(
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     K::DynamicType: Default,
 {
-    let mut stream = watcher::watcher(api, cfg)
-        .backoff(WatchBackoff::default())
-        .boxed();
+    let mut stream = watch_stream(&api, &cfg, lists);
     let mut buffer: Vec<Object> = Vec::new();
     let mut listed = false;
     while let Some(item) = stream.next().await {
@@ -228,6 +286,18 @@ async fn run<K>(
                     .watch_errors
                     .with_label_values(&[kind.as_str()])
                     .inc();
+                if lists == Lists::Streaming && streaming_refused(&e) {
+                    // client-go falls back to a LIST for that attempt; this server will not
+                    // change its mind before it restarts, so the fallback stays.
+                    tracing::warn!(
+                        "{}: the API server refused a streaming list ({e}); listing page by page instead",
+                        kind.as_str()
+                    );
+                    lists = Lists::Paged;
+                    buffer.clear();
+                    stream = watch_stream(&api, &cfg, lists);
+                    continue;
+                }
                 if !listed && kind == Kind::ServiceCidr && is_not_found(&e) {
                     // An API server without ServiceCIDRs (before 1.33): none to read.
                     tracing::info!("ServiceCIDR: not served by this API server; none used");

@@ -160,7 +160,13 @@ async fn run_async(
                 );
             }
             let client = kube_source::client_with(&conn, Some(metrics.client.clone())).await?;
-            kube_source::spawn(client, &node_name, tx, metrics.clone());
+            kube_source::spawn(
+                client,
+                &node_name,
+                conn.streaming_lists,
+                tx,
+                metrics.clone(),
+            );
             "API server"
         }
         Source::Files(path) => {

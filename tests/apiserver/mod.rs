@@ -38,6 +38,8 @@ struct State {
     objects: BTreeMap<String, BTreeMap<String, Value>>,
     /// Requests seen, for assertions: (path with query).
     requests: Vec<String>,
+    /// Streaming lists refused, as by kube-apiserver with the WatchList gate off.
+    refuse_streaming: bool,
     /// Faults for the next requests, first first.
     faults: std::collections::VecDeque<Fault>,
 }
@@ -150,6 +152,12 @@ impl ApiServer {
     pub fn inject(&self, fault: Fault, n: usize) {
         let mut st = self.shared.state.lock().unwrap();
         st.faults.extend(std::iter::repeat_n(fault, n));
+    }
+
+    /// From now on, refuse streaming lists (`sendInitialEvents=true`) with kube-apiserver's
+    /// answer when its WatchList gate is off: 422 Invalid.
+    pub fn refuse_streaming_lists(&self) {
+        self.shared.state.lock().unwrap().refuse_streaming = true;
     }
 
     /// Faults injected and not met yet.
@@ -403,6 +411,20 @@ fn answer(mut stream: TcpStream, shared: Arc<Shared>, generation: u64) {
             .and_then(|_| stream.write_all(body.as_bytes()));
         return;
     };
+    let streaming_list = params.get("watch").map(String::as_str) == Some("true")
+        && params.get("sendInitialEvents").map(String::as_str) == Some("true");
+    if streaming_list && shared.state.lock().unwrap().refuse_streaming {
+        // apimachinery's ValidateListOptions, as the API server sends it.
+        let body = json!({"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",
+            "message":"ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            "reason":"Invalid","details":{"group":"meta.k8s.io","kind":"ListOptions",
+            "causes":[{"reason":"FieldValueForbidden","message":"Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled","field":"sendInitialEvents"}]},
+            "code":422})
+        .to_string();
+        let _ = write_head(&mut stream, "422 Unprocessable Entity", false, body.len())
+            .and_then(|_| stream.write_all(body.as_bytes()));
+        return;
+    }
     let labels = params.get("labelSelector").cloned().unwrap_or_default();
     let fields = params.get("fieldSelector").cloned().unwrap_or_default();
     let selected = |o: &Value| labels_match(&labels, o) && fields_match(&fields, o);
