@@ -42,7 +42,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::{Namespace, Node as NodeObject, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, Node as NodeObject, Pod, Service, ServiceAccount,
+};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{json, Value};
@@ -303,6 +305,7 @@ struct Cluster {
     state: PathBuf,
     up_log: PathBuf,
     port: u16,
+    etcd_port: u16,
     started: Duration,
 }
 
@@ -376,6 +379,7 @@ impl Cluster {
                 state,
                 up_log,
                 port: ports[2],
+                etcd_port: ports[0],
                 started: Duration::ZERO,
             };
             match cluster.wait_line("READY", Duration::from_secs(120)) {
@@ -496,6 +500,56 @@ impl Cluster {
             });
         (down, Instant::now())
     }
+
+    /// POSTs to etcd's JSON gateway (plain HTTP on loopback, as up.sh runs it).
+    fn etcd(&self, call: &str, body: &Value) -> Value {
+        let out = netns::run(
+            "curl",
+            &[
+                "-fsS",
+                "--max-time",
+                "10",
+                "-X",
+                "POST",
+                "-d",
+                &body.to_string(),
+                &format!("http://127.0.0.1:{}/v3/{call}", self.etcd_port),
+            ],
+            None,
+            netns::CMD_TIMEOUT,
+        );
+        assert!(out.success(), "etcd {call}: {}", out.transcript());
+        serde_json::from_str(&out.stdout)
+            .unwrap_or_else(|e| panic!("etcd {call}: {e}: {}", out.stdout))
+    }
+
+    /// Compacts etcd at its current revision (physically): every older revision is gone, so
+    /// a watch from one of them gets 410 Gone. Returns that revision.
+    fn compact_etcd(&self) -> u64 {
+        // Any range answers with the store's current revision in its header.
+        let head = self.etcd("kv/range", &json!({"key": "Lw==", "limit": 1}));
+        let rev: u64 = head["header"]["revision"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        self.etcd(
+            "kv/compaction",
+            &json!({"revision": rev.to_string(), "physical": true}),
+        );
+        rev
+    }
+
+    /// The sum of a kube-apiserver counter's series whose labels include all of `labels`
+    /// (`name="value"` pieces), from its /metrics.
+    fn apiserver_count(&self, metric: &str, labels: &[&str]) -> f64 {
+        let text = self.kubectl_ok(&["get", "--raw", "/metrics"], None);
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{metric}{{")))
+            .filter(|l| labels.iter().all(|want| l.contains(want)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
 }
 
 impl Drop for Cluster {
@@ -573,6 +627,7 @@ impl Kube {
 
     fn api(&self, kind: &str, ns: Option<&str>) -> kube::Api<DynamicObject> {
         let ar = match kind {
+            "ConfigMap" => ApiResource::erase::<ConfigMap>(&()),
             "Namespace" => ApiResource::erase::<Namespace>(&()),
             "Node" => ApiResource::erase::<NodeObject>(&()),
             "Pod" => ApiResource::erase::<Pod>(&()),
@@ -601,6 +656,30 @@ impl Kube {
             ))
             .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
         serde_json::to_value(done).unwrap()
+    }
+
+    /// Creates `objects` (all of one kind, in `ns`), `parallel` requests at a time.
+    fn create_all(&self, kind: &str, ns: &str, objects: Vec<Value>, parallel: usize) {
+        use futures_util::StreamExt;
+        let api = self.api(kind, Some(ns));
+        let failed: Vec<String> = self.rt.block_on(
+            futures_util::stream::iter(objects)
+                .map(|obj| {
+                    let api = api.clone();
+                    async move {
+                        let o: DynamicObject = serde_json::from_value(obj).unwrap();
+                        let name = o.metadata.name.clone().unwrap_or_default();
+                        api.create(&kube::api::PostParams::default(), &o)
+                            .await
+                            .err()
+                            .map(|e| format!("{name}: {e}"))
+                    }
+                })
+                .buffer_unordered(parallel)
+                .filter_map(|r| async move { r })
+                .collect(),
+        );
+        assert!(failed.is_empty(), "create {kind}: {failed:?}");
     }
 
     /// A merge patch of the status subresource.
@@ -1100,6 +1179,22 @@ impl Agent {
         }
     }
 
+    /// Waits (bounded) until the log holds one of `what`.
+    fn wait_log_any(&self, what: &[&str], timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = self.log();
+            if what.iter().any(|w| log.contains(w)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "none of {what:?} in the agent's log after {timeout:?}:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Lines that say the API server refused the agent.
     fn forbidden(&self) -> Vec<String> {
         refusals(&self.log())
@@ -1336,9 +1431,14 @@ fn chart_is_accepted_and_its_role_is_enough_and_no_broader() {
             unused.push(rule.clone());
             continue;
         }
+        // The initial list is a streaming watch (WatchListClient), so the refusal names
+        // watch; a LIST (the fallback) would name list.
         for r in &resources {
-            agent.wait_log(
-                &format!("cannot list resource \"{r}\""),
+            agent.wait_log_any(
+                &[
+                    &format!("cannot watch resource \"{r}\""),
+                    &format!("cannot list resource \"{r}\""),
+                ],
                 Duration::from_secs(15),
             );
         }
@@ -1370,6 +1470,26 @@ fn chart_is_accepted_and_its_role_is_enough_and_no_broader() {
     // reconciler), without one refusal.
     let node = Node::build(&[]);
     let _relay = Relay::start(&node.node, cluster.port);
+    // Its lists are streaming watches, as kube-proxy v1.37's (client-go's WatchListClient):
+    // kube-apiserver counts them in apiserver_watch_list_duration_seconds and sees no LIST.
+    // Nothing else starts a list of these meanwhile (the controller-manager's informers
+    // listed at its start).
+    let counts = || -> Vec<(f64, f64)> {
+        [r#"resource="services""#, r#"resource="endpointslices""#]
+            .iter()
+            .map(|resource| {
+                (
+                    cluster.apiserver_count(
+                        "apiserver_watch_list_duration_seconds_count",
+                        &[resource],
+                    ),
+                    cluster
+                        .apiserver_count("apiserver_request_total", &[resource, r#"verb="LIST""#]),
+                )
+            })
+            .collect()
+    };
+    let before = counts();
     let agent = Agent::start(
         &node.node,
         &install,
@@ -1380,6 +1500,20 @@ fn chart_is_accepted_and_its_role_is_enough_and_no_broader() {
         agent.wait_log(&format!("{kind}: listed"), Duration::from_secs(15));
     }
     agent.wait_log("full sync", Duration::from_secs(15));
+    let after = counts();
+    for (i, resource) in ["services", "endpointslices"].iter().enumerate() {
+        assert!(
+            after[i].0 >= before[i].0 + 1.0,
+            "{resource}: no streaming list counted by kube-apiserver ({:?} -> {:?})",
+            before[i],
+            after[i]
+        );
+        assert_eq!(
+            after[i].1, before[i].1,
+            "{resource}: the agent sent a LIST ({:?} -> {:?})",
+            before[i], after[i]
+        );
+    }
     let rules = node.ruleset();
     assert!(
         rules.contains("10.96.0.1 . tcp . 443 : goto reject-chain"),
@@ -1931,6 +2065,14 @@ fn apiserver_restart_keeps_the_rules_and_the_agent_follows_after() {
             samples
         })
     };
+    // Changes the agent has seen, then etcd compacted past them: the revision its watches
+    // resume from after the restart is gone.
+    for i in 0..5 {
+        kube.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "churn", "namespace": ns}, "data": {"n": i.to_string()}}));
+    }
+    let compacted = cluster.compact_etcd();
+    println!("etcd compacted at revision {compacted}");
     let log_before = agent.log().len();
     let (down, up) = cluster.restart_apiserver();
     let log_at_up = agent.log().len();
@@ -2012,10 +2154,16 @@ fn apiserver_restart_keeps_the_rules_and_the_agent_follows_after() {
     // the restart may get a 403 (it retries). Before the restart and once the server says it
     // is ready, none.
     let log = agent.log();
+    let relists = log[log_before..].matches("relisted").count();
+    let expired = log[log_before..].matches("Expired").count();
     println!(
-        "after the restart the agent's watches: {} relists, {} of them after 410 Expired",
-        log[log_before..].matches("relisted").count(),
-        log[log_before..].matches("Expired").count()
+        "after the restart the agent's watches: {relists} relists, {expired} of them after 410 Expired"
+    );
+    // Each watcher's resume met 410 Gone (its revision compacted away) and relisted whole.
+    assert!(
+        relists >= 1 && expired >= 1,
+        "the watches did not relist after 410 Gone\n{}",
+        &log[log_before..]
     );
     let early = refusals(&log[log_before..log_at_up]);
     if !early.is_empty() {
@@ -2028,4 +2176,228 @@ fn apiserver_restart_keeps_the_rules_and_the_agent_follows_after() {
     let refused = [refusals(&log[..log_before]), refusals(&log[log_at_up..])].concat();
     assert!(refused.is_empty(), "refused:\n{}", refused.join("\n"));
     println!("restart test: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// A cluster of SWITCHYARD_REAL_SERVICES (10,000) Services with their EndpointSlices, created
+/// through the real kube-apiserver: the agent takes them in one streaming list per kind and
+/// programs every one; then etcd is compacted and kube-apiserver restarted, so every watch
+/// meets 410 Gone and relists all of them: through it the rules are never flushed and
+/// connections through one of the services never fail.
+#[test]
+fn ten_thousand_services_listed_and_relisted_from_the_real_api_server() {
+    let test = "scale";
+    let Some(chart) = preflight(test) else {
+        return;
+    };
+    let n: usize = std::env::var("SWITCHYARD_REAL_SERVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let t0 = Instant::now();
+    let work = Work::new(test);
+    let cluster = Cluster::start(work.path());
+    let kube = Kube::new(&cluster.admin_kubeconfig());
+    let install = install(&cluster, &chart);
+    let web = ("web-0", Ipv4Addr::new(10, 244, 0, 10));
+    let node = Node::build(&[web]);
+    let _relay = Relay::start(&node.node, cluster.port);
+    let ns = "rc-scale";
+    kube.node();
+    kube.namespace(ns);
+
+    // Services without selectors and slices of our own (as a controller of another project
+    // would write them): s00000 has the live pod, the others two addresses nothing answers.
+    let name = |i: usize| format!("s{i:05}");
+    let made = Instant::now();
+    let services: Vec<Value> = (0..n)
+        .map(|i| {
+            json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": name(i), "namespace": ns},
+                "spec": {"ports": [{"name": "http", "port": 80, "targetPort": HTTP_PORT,
+                    "protocol": "TCP"}]}})
+        })
+        .collect();
+    kube.create_all("Service", ns, services, 32);
+    let slices: Vec<Value> = (0..n)
+        .map(|i| {
+            let addresses: Vec<String> = if i == 0 {
+                vec![web.1.to_string()]
+            } else {
+                (0..2)
+                    .map(|k| {
+                        Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 230, 0, 0)) + (2 * i + k) as u32)
+                            .to_string()
+                    })
+                    .collect()
+            };
+            let eps: Vec<Value> = addresses
+                .iter()
+                .map(|a| json!({"addresses": [a], "conditions": {"ready": true}}))
+                .collect();
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": format!("{}-1", name(i)), "namespace": ns,
+                    "labels": {"kubernetes.io/service-name": name(i),
+                        "endpointslice.kubernetes.io/managed-by": "switchyard-real-cluster-test"}},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": HTTP_PORT, "protocol": "TCP"}],
+                "endpoints": eps})
+        })
+        .collect();
+    kube.create_all("EndpointSlice", ns, slices, 32);
+    println!(
+        "{n} services and {n} slices created through kube-apiserver in {:.1} s",
+        made.elapsed().as_secs_f64()
+    );
+    let first = kube.get("Service", Some(ns), &name(0)).unwrap();
+    let vip = SocketAddr::new(
+        IpAddr::V4(
+            first["spec"]["clusterIP"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap(),
+        ),
+        80,
+    );
+    let last = kube.get("Service", Some(ns), &name(n - 1)).unwrap();
+    let last_ip = last["spec"]["clusterIP"].as_str().unwrap().to_string();
+
+    let started = Instant::now();
+    let agent = Agent::start(
+        &node.node,
+        &install,
+        &install.kubeconfig,
+        work.path().join("agent.log"),
+    );
+    agent.wait_log("Service: listed", Duration::from_secs(120));
+    let listed = started.elapsed();
+    agent.wait_log("full sync", Duration::from_secs(120));
+    let synced = started.elapsed();
+    let rules = node.ruleset();
+    let programmed = rules.matches(". tcp . 80 : goto").count();
+    println!(
+        "agent: services listed {:.2} s after start, first full sync done {:.2} s after start; {programmed} service ports in the rules",
+        listed.as_secs_f64(),
+        synced.as_secs_f64()
+    );
+    assert!(
+        agent
+            .log()
+            .contains(&format!("Service: listed {} objects", n + 1)),
+        "the agent did not list every Service (the kubernetes Service included)\n{}",
+        agent.log()
+    );
+    assert_eq!(programmed, n, "service ports in the rules");
+    assert!(rules.contains(&format!("{last_ip} . tcp . 80 : goto")));
+    let seen = node.sample(CLIENT_IP, vip, false, 5);
+    assert_eq!(
+        seen.answered(),
+        endpoints_at(&[web.1], HTTP_PORT),
+        "{seen:?}"
+    );
+
+    // Live traffic and a watch on the one service's element (`nft get element` is a lookup,
+    // not a listing of 10k services), through compaction and restart.
+    let stop = Arc::new(AtomicBool::new(false));
+    let client_ns = node.client.clone();
+    let prober = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut outcomes = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                outcomes.push(net::probe_tcp(&client_ns, IpAddr::V4(CLIENT_IP), vip));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            outcomes
+        })
+    };
+    let node_ns = node.node.clone();
+    let element = format!("{{ {} . tcp . 80 }}", vip.ip());
+    let watcher = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut missing = Vec::new();
+            let mut samples = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let out = netns::run(
+                    "ip",
+                    &[
+                        "netns",
+                        "exec",
+                        &node_ns,
+                        "nft",
+                        "get",
+                        "element",
+                        "ip",
+                        "switchyard",
+                        "service-ips",
+                        &element,
+                    ],
+                    None,
+                    netns::CMD_TIMEOUT,
+                );
+                samples += 1;
+                if !out.success() {
+                    missing.push(out.transcript());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (samples, missing)
+        })
+    };
+    let compacted = cluster.compact_etcd();
+    let log_before = agent.log().len();
+    let (down, up) = cluster.restart_apiserver();
+    println!(
+        "etcd compacted at revision {compacted}; kube-apiserver down and back in {:.1} s",
+        up.duration_since(down).as_secs_f64()
+    );
+    // The relist of every Service after 410 Gone, taken whole.
+    let relisted = format!("Service: relisted {} objects", n + 1);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !agent.log()[log_before..].contains(&relisted) {
+        assert!(
+            Instant::now() < deadline,
+            "no {relisted:?} after the restart:\n{}",
+            &agent.log()[log_before..]
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let relisted_after = up.elapsed();
+    // Traffic goes on a moment past the relist.
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    let outcomes = prober.join().unwrap();
+    let (samples, missing) = watcher.join().unwrap();
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|o| !matches!(o, net::Outcome::Reply { .. }))
+        .map(|o| o.to_string())
+        .collect();
+    println!(
+        "relisted {n} services {:.1} s after kube-apiserver was back; {} connections, {samples} rule samples",
+        relisted_after.as_secs_f64(),
+        outcomes.len()
+    );
+    assert!(failed.is_empty(), "connections failed: {failed:?}");
+    assert!(
+        outcomes.len() >= 50,
+        "too few connections: {}",
+        outcomes.len()
+    );
+    assert!(
+        missing.is_empty(),
+        "the service's element was missing in {} of {samples} samples: {:?}",
+        missing.len(),
+        missing.first()
+    );
+    let log = agent.log();
+    assert!(
+        log[log_before..].contains("Expired"),
+        "no 410 Gone after the restart on a compacted etcd\n{}",
+        &log[log_before..]
+    );
+    let after = node.ruleset();
+    assert_eq!(after.matches(". tcp . 80 : goto").count(), n);
+    println!("scale test: {:.1} s", t0.elapsed().as_secs_f64());
 }
