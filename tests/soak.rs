@@ -24,7 +24,10 @@ mod netns;
 mod apiserver;
 
 mod apinode;
-use apinode::{cluster_ip, connect, service, slice, until_answers, Agent};
+use apinode::{cluster_ip, connect_why, service, slice, until_answers, Agent};
+
+/// When a connection began (seconds into the soak) and what failed, if anything.
+type Connection = (f64, Result<(), String>);
 
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -109,8 +112,8 @@ fn soak_under_churn_kills_outages_and_flushes() {
             }
         })
     };
-    // (seconds since t0, ok) of every connection.
-    let outcomes: Arc<Mutex<Vec<(f64, bool)>>> = Arc::default();
+    // (seconds since t0, what failed) of every connection.
+    let outcomes: Arc<Mutex<Vec<Connection>>> = Arc::default();
     let client = {
         let (ns, stop, outcomes) = (ns.clone(), stop.clone(), outcomes.clone());
         std::thread::spawn(move || {
@@ -118,8 +121,8 @@ fn soak_under_churn_kills_outages_and_flushes() {
             while !stop.load(Ordering::Relaxed) {
                 let to = cluster_ip((k * 104_729) % services);
                 let at = t0.elapsed().as_secs_f64();
-                let ok = connect(&ns, to, Duration::from_millis(500));
-                outcomes.lock().unwrap().push((at, ok));
+                let result = connect_why(&ns, to, Duration::from_millis(500));
+                outcomes.lock().unwrap().push((at, result));
                 k += 1;
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -217,14 +220,14 @@ fn soak_under_churn_kills_outages_and_flushes() {
             .iter()
             .any(|(a, b)| t >= *a - 0.6 && t <= *b + 0.6)
     };
-    let failed: Vec<f64> = outcomes
+    let failed: Vec<String> = outcomes
         .iter()
-        .filter(|(t, ok)| !ok && !in_flush(*t))
-        .map(|(t, _)| *t)
+        .filter(|(t, r)| r.is_err() && !in_flush(*t))
+        .map(|(t, r)| format!("{t:.3} s: {}", r.as_ref().err().map_or("", |e| e.as_str())))
         .collect();
     let during_flush = outcomes
         .iter()
-        .filter(|(t, ok)| !ok && in_flush(*t))
+        .filter(|(t, r)| r.is_err() && in_flush(*t))
         .count();
     // Memory over the last agent's life, from 10 s after its start.
     let last_start = recoveries
@@ -269,7 +272,7 @@ fn soak_under_churn_kills_outages_and_flushes() {
     );
     assert!(
         failed.is_empty(),
-        "{} of {} connections failed outside the flush windows, at {:?} s\n{text}",
+        "{} of {} connections failed outside the flush windows: {:?}\n{text}\nagent log:\n{log}",
         failed.len(),
         outcomes.len(),
         &failed[..failed.len().min(20)]

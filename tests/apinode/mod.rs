@@ -63,14 +63,25 @@ impl Node {
 /// One connection to a service: true when its pod answered within `timeout` (a SYN with
 /// no rules to meet is dropped, and only the timeout ends the attempt).
 pub fn connect(ns: &str, to: Ipv4Addr, timeout: Duration) -> bool {
+    connect_why(ns, to, timeout).is_ok()
+}
+
+/// As `connect`, saying what went wrong: which step failed and how.
+pub fn connect_why(ns: &str, to: Ipv4Addr, timeout: Duration) -> Result<(), String> {
     let r = netns::in_netns(ns, || {
-        let mut s = TcpStream::connect_timeout(&SocketAddr::new(to.into(), 80), timeout)?;
+        let mut s = TcpStream::connect_timeout(&SocketAddr::new(to.into(), 80), timeout)
+            .map_err(|e| std::io::Error::other(format!("connect: {e}")))?;
         s.set_read_timeout(Some(Duration::from_secs(1)))?;
         let mut buf = String::new();
-        s.read_to_string(&mut buf)?;
+        s.read_to_string(&mut buf)
+            .map_err(|e| std::io::Error::other(format!("read: {e}")))?;
         Ok(buf)
     });
-    matches!(r, Ok(b) if b == "ok\n")
+    match r {
+        Ok(b) if b == "ok\n" => Ok(()),
+        Ok(b) => Err(format!("{to}: answered {b:?}")),
+        Err(e) => Err(format!("{to}: {e}")),
+    }
 }
 
 /// Waits (bounded by `limit`) until a connection to `to` succeeds; how long it took.
