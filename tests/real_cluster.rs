@@ -33,7 +33,7 @@ mod exposition;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
-use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -61,6 +61,15 @@ const HTTP_PORT: u16 = 8080;
 const DNS_PORT: u16 = 5353;
 const LB_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 20);
+/// The IPv6 gateway every pod routes through (a veth's node end), as POD_GW for IPv4.
+const POD_GW6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x169, 0x254, 0, 0, 0, 0, 1);
+
+/// A pod's (or the client's) IPv6 address in a dual-stack node: fd00:10:244:: and the last
+/// octet of its IPv4 address.
+fn v6_of(ip: Ipv4Addr) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, u16::from(ip.octets()[3]))
+}
+
 /// The ingress of the LoadBalancer Service with externalTrafficPolicy Local.
 const LOCAL_LB_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
 /// The chart's metricsBindAddress and healthzBindAddress (0.0.0.0:10256), inside the node.
@@ -758,6 +767,39 @@ impl Kube {
         );
     }
 
+    /// Another Node (a second node of the cluster, with no agent of ours): the EndpointSlice
+    /// controller writes the node name of Pods on it into their endpoints.
+    fn other_node(&self, name: &str, ip: Ipv4Addr) {
+        self.apply(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}));
+        self.patch_status(
+            "Node",
+            None,
+            name,
+            json!({"addresses": [{"type": "InternalIP", "address": ip.to_string()}]}),
+        );
+    }
+
+    /// As `pod`, on Node `node`, with one address per family in `ips` (the first is podIP).
+    fn pod_on(&self, ns: &str, name: &str, app: &str, node: &str, ips: &[IpAddr], since: &str) {
+        self.apply(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
+            "spec": {"nodeName": node, "containers": [{"name": "web",
+                "image": "registry.invalid/web:1",
+                "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+                          {"name": "dns", "containerPort": DNS_PORT, "protocol": "UDP"}]}]}}));
+        let pod_ips: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip.to_string()})).collect();
+        self.patch_status(
+            "Pod",
+            Some(ns),
+            name,
+            json!({"phase": "Running", "hostIP": NODE_IP.to_string(),
+                "hostIPs": [{"ip": NODE_IP.to_string()}],
+                "podIP": ips[0].to_string(), "podIPs": pod_ips,
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": since}]}),
+        );
+    }
+
     /// A Pod on the node labelled `app`, with a named TCP port `http` and UDP port `dns`,
     /// Running and Ready since `since`.
     fn pod(&self, ns: &str, name: &str, app: &str, ip: Ipv4Addr, since: &str) {
@@ -934,6 +976,16 @@ struct Node {
 
 impl Node {
     fn build(pods: &[(&str, Ipv4Addr)]) -> Node {
+        Node::build_with(pods, false)
+    }
+
+    /// As `build`, and every pod and the client also get an IPv6 address ([`v6_of`]),
+    /// routed through the node as the IPv4 ones are, with the responders on both.
+    fn build_dual_stack(pods: &[(&str, Ipv4Addr)]) -> Node {
+        Node::build_with(pods, true)
+    }
+
+    fn build_with(pods: &[(&str, Ipv4Addr)], dual: bool) -> Node {
         let prefix = netns::unique_prefix();
         let mut node = Node {
             node: format!("{prefix}node"),
@@ -1006,20 +1058,46 @@ impl Node {
             routes.push(format!("route add {ip}/32 dev p{i}"));
         }
         netns::ip_batch(&node.node, &routes);
+        if dual {
+            // Each veth's node end holds POD_GW6 (as it holds POD_GW) and routes the pod's
+            // /128 to it; no duplicate address detection, so the addresses work at once.
+            netns::sysctls(&node.node, &["net.ipv6.conf.all.forwarding=1"]);
+            let mut routes6 = Vec::new();
+            for (i, (ns, ip)) in all.iter().enumerate() {
+                let v6 = v6_of(*ip);
+                netns::ip_batch(
+                    ns,
+                    &[
+                        format!("addr add {v6}/128 dev eth0 nodad"),
+                        format!("route add {POD_GW6} dev eth0"),
+                        format!("route add ::/0 via {POD_GW6} dev eth0"),
+                    ],
+                );
+                routes6.push(format!("addr add {POD_GW6}/128 dev p{i} nodad"));
+                routes6.push(format!("route add {v6}/128 dev p{i}"));
+            }
+            netns::ip_batch(&node.node, &routes6);
+        }
         for p in &node.pods {
-            let tcp = SocketAddr::new(IpAddr::V4(p.ip), HTTP_PORT);
-            let udp = SocketAddr::new(IpAddr::V4(p.ip), DNS_PORT);
-            node.threads.push(
-                net::spawn_tcp_responder(
-                    &p.ns,
-                    tcp,
-                    net::ResponderMode::OneShot,
-                    node.stop.clone(),
-                )
-                .unwrap(),
-            );
-            node.threads
-                .push(net::spawn_udp_responder(&p.ns, udp, node.stop.clone()).unwrap());
+            let mut addrs = vec![IpAddr::V4(p.ip)];
+            if dual {
+                addrs.push(IpAddr::V6(v6_of(p.ip)));
+            }
+            for addr in addrs {
+                let tcp = SocketAddr::new(addr, HTTP_PORT);
+                let udp = SocketAddr::new(addr, DNS_PORT);
+                node.threads.push(
+                    net::spawn_tcp_responder(
+                        &p.ns,
+                        tcp,
+                        net::ResponderMode::OneShot,
+                        node.stop.clone(),
+                    )
+                    .unwrap(),
+                );
+                node.threads
+                    .push(net::spawn_udp_responder(&p.ns, udp, node.stop.clone()).unwrap());
+            }
         }
         node
     }
@@ -1060,13 +1138,26 @@ impl Node {
 
     /// `n` connections (or UDP exchanges) from `src` to `dst`: who answered, how often.
     fn sample(&self, src: Ipv4Addr, dst: SocketAddr, udp: bool, n: usize) -> Seen {
-        let ns = self.ns_of(src).to_string();
+        self.sample_from(IpAddr::V4(src), dst, udp, n)
+    }
+
+    /// As `sample`, from an IPv4 address or the IPv6 address ([`v6_of`]) of a pod or the
+    /// client of a dual-stack node.
+    fn sample_from(&self, src: IpAddr, dst: SocketAddr, udp: bool, n: usize) -> Seen {
+        let v4 = match src {
+            IpAddr::V4(a) => a,
+            IpAddr::V6(a) => std::iter::once(CLIENT_IP)
+                .chain(self.pods.iter().map(|p| p.ip))
+                .find(|ip| v6_of(*ip) == a)
+                .unwrap(),
+        };
+        let ns = self.ns_of(v4).to_string();
         let mut seen = Seen::default();
         for _ in 0..n {
             let outcome = if udp {
-                net::probe_udp(&ns, IpAddr::V4(src), dst)
+                net::probe_udp(&ns, src, dst)
             } else {
-                net::probe_tcp(&ns, IpAddr::V4(src), dst)
+                net::probe_tcp(&ns, src, dst)
             };
             match outcome {
                 net::Outcome::Reply { local, peer } => {
@@ -2400,4 +2491,217 @@ fn ten_thousand_services_listed_and_relisted_from_the_real_api_server() {
     let after = node.ruleset();
     assert_eq!(after.matches(". tcp . 80 : goto").count(), n);
     println!("scale test: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// Dual-stack, internalTrafficPolicy Local beside an endpoint on another node, and hairpin
+/// traffic (a pod reaching itself through its Service), in nftables and then iptables mode,
+/// against the real control plane: the EndpointSlice controller writes one slice per family
+/// and the other node's name into that endpoint, and real TCP and UDP over IPv4 and IPv6 go
+/// where kube-proxy sends them.
+#[test]
+fn dual_stack_internal_local_and_hairpin_in_both_modes() {
+    let test = "dual";
+    let Some(chart) = preflight(test) else {
+        return;
+    };
+    let t0 = Instant::now();
+    let work = Work::new(test);
+    let cluster = Cluster::start(work.path());
+    let kube = Kube::new(&cluster.admin_kubeconfig());
+    let install = install(&cluster, &chart);
+    let ns = "rc-dual";
+    kube.node();
+    kube.other_node("node-b", Ipv4Addr::new(10, 200, 0, 3));
+    kube.namespace(ns);
+    // `here` runs on this node, `there` on node-b (its namespace is on our rig all the same,
+    // so a packet sent to it would be answered: only the rules keep it away).
+    let here = ("here-0", Ipv4Addr::new(10, 244, 0, 20));
+    let there = ("there-0", Ipv4Addr::new(10, 244, 0, 21));
+    let since = now_rfc3339();
+    for ((name, ip), node) in [(here, NODE_NAME), (there, "node-b")] {
+        kube.pod_on(
+            ns,
+            name,
+            "dual",
+            node,
+            &[IpAddr::V4(ip), IpAddr::V6(v6_of(ip))],
+            &since,
+        );
+    }
+    let ports = json!([
+        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"},
+        {"name": "dns", "port": 53, "targetPort": "dns", "protocol": "UDP"}]);
+    let dual = kube.apply(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "dual", "namespace": ns},
+        "spec": {"selector": {"app": "dual"}, "ipFamilyPolicy": "RequireDualStack",
+            "ipFamilies": ["IPv4", "IPv6"], "ports": ports}}));
+    let local = kube.apply(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "local", "namespace": ns},
+        "spec": {"selector": {"app": "dual"}, "internalTrafficPolicy": "Local", "ports": ports}}));
+    let ips = |svc: &Value| -> Vec<IpAddr> {
+        svc["spec"]["clusterIPs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|ip| ip.as_str().unwrap().parse().unwrap())
+            .collect()
+    };
+    let (dual_ips, local_ip) = (ips(&dual), ips(&local)[0]);
+    assert!(
+        dual_ips.len() == 2 && dual_ips[0].is_ipv4() && dual_ips[1].is_ipv6(),
+        "{dual_ips:?}"
+    );
+    // Both slices of `dual` and the one of `local`, both endpoints ready in each.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let slices = kube.list("EndpointSlice", Some(ns));
+        let ready = |svc: &str, family: &str| {
+            slices
+                .iter()
+                .filter(|s| {
+                    s["metadata"]["labels"]["kubernetes.io/service-name"] == svc
+                        && s["addressType"] == family
+                })
+                .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+                .filter(|e| e["conditions"]["ready"] == true)
+                .count()
+        };
+        if ready("dual", "IPv4") == 2 && ready("dual", "IPv6") == 2 && ready("local", "IPv4") == 2 {
+            let remote: Vec<&Value> = slices
+                .iter()
+                .flat_map(|s| s["endpoints"].as_array().unwrap().iter())
+                .filter(|e| e["nodeName"] == "node-b")
+                .collect();
+            assert_eq!(
+                remote.len(),
+                3,
+                "the controller names node-b in there-0's endpoints"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "slices not written: {slices:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let chart_config = std::fs::read_to_string(&install.config).unwrap();
+    assert!(chart_config.contains("mode: nftables"), "{chart_config}");
+    for mode in ["nftables", "iptables"] {
+        let config = work.path().join(format!("config-{mode}.yaml"));
+        std::fs::write(
+            &config,
+            chart_config.replace("mode: nftables", &format!("mode: {mode}")),
+        )
+        .unwrap();
+        let installed = Installed {
+            kubeconfig: install.kubeconfig.clone(),
+            config,
+        };
+        let node = Node::build_dual_stack(&[here, there]);
+        let _relay = Relay::start(&node.node, cluster.port);
+        let agent = Agent::start(
+            &node.node,
+            &installed,
+            &installed.kubeconfig,
+            work.path().join(format!("agent-{mode}.log")),
+        );
+        agent.wait_log("full sync", Duration::from_secs(30));
+        let at = |ip: IpAddr, port: u16| SocketAddr::new(ip, port);
+        let both = |v6: bool, port: u16| -> BTreeSet<SocketAddr> {
+            [here.1, there.1]
+                .iter()
+                .map(|ip| {
+                    let ip = if v6 {
+                        IpAddr::V6(v6_of(*ip))
+                    } else {
+                        IpAddr::V4(*ip)
+                    };
+                    at(ip, port)
+                })
+                .collect()
+        };
+        // The first sync can come before the rules of both families are in: wait for the
+        // IPv6 side to answer at all before counting.
+        let client6 = IpAddr::V6(v6_of(CLIENT_IP));
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !matches!(
+            net::probe_tcp(&node.client, client6, at(dual_ips[1], 80)),
+            net::Outcome::Reply { .. }
+        ) {
+            assert!(
+                Instant::now() < deadline,
+                "{mode}: the IPv6 ClusterIP never answered\n{}",
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for (what, src, dst, udp, want) in [
+            (
+                "IPv4 TCP",
+                IpAddr::V4(CLIENT_IP),
+                at(dual_ips[0], 80),
+                false,
+                both(false, HTTP_PORT),
+            ),
+            (
+                "IPv6 TCP",
+                client6,
+                at(dual_ips[1], 80),
+                false,
+                both(true, HTTP_PORT),
+            ),
+            (
+                "IPv4 UDP",
+                IpAddr::V4(CLIENT_IP),
+                at(dual_ips[0], 53),
+                true,
+                both(false, DNS_PORT),
+            ),
+            (
+                "IPv6 UDP",
+                client6,
+                at(dual_ips[1], 53),
+                true,
+                both(true, DNS_PORT),
+            ),
+        ] {
+            let seen = node.sample_from(src, dst, udp, 40);
+            assert!(
+                seen.failures.is_empty(),
+                "{mode} dual-stack {what}: {seen:?}"
+            );
+            assert_eq!(seen.answered(), want, "{mode} dual-stack {what}: {seen:?}");
+        }
+        // internalTrafficPolicy Local: only this node's endpoint, never node-b's.
+        let seen = node.sample(CLIENT_IP, at(local_ip, 80), false, 30);
+        assert!(
+            seen.failures.is_empty(),
+            "{mode} internalTrafficPolicy Local: {seen:?}"
+        );
+        assert_eq!(
+            seen.answered(),
+            endpoints_at(&[here.1], HTTP_PORT),
+            "{mode} internalTrafficPolicy Local: {seen:?}"
+        );
+        // Hairpin: here-0 through `local` reaches itself; the reply only finds its way back
+        // because the connection is masqueraded (here-0 sees the node, not itself).
+        let seen = node.sample(here.1, at(local_ip, 80), false, 10);
+        assert!(seen.failures.is_empty(), "{mode} hairpin: {seen:?}");
+        assert_eq!(
+            seen.answered(),
+            endpoints_at(&[here.1], HTTP_PORT),
+            "{mode} hairpin: {seen:?}"
+        );
+        assert!(
+            !seen.peers.contains(&IpAddr::V4(here.1)),
+            "{mode} hairpin not masqueraded: {seen:?}"
+        );
+        let refused = agent.forbidden();
+        assert!(
+            refused.is_empty(),
+            "{mode}: refused:\n{}",
+            refused.join("\n")
+        );
+        println!("{mode}: dual-stack, internalTrafficPolicy Local and hairpin as kube-proxy");
+    }
+    println!("dual-stack test: {:.1} s", t0.elapsed().as_secs_f64());
 }
