@@ -580,6 +580,37 @@ impl Drop for Cluster {
     }
 }
 
+/// A test's real control plane with the chart installed. Fields drop in this order: the
+/// client, then the control plane, before the scratch folder is kept or removed.
+struct Setup {
+    kube: Kube,
+    cluster: Cluster,
+    install: Installed,
+    chart: Chart,
+    work: Work,
+    t0: Instant,
+}
+
+impl Setup {
+    /// `None` (a skip) where `preflight` says the test cannot run.
+    fn start(test: &str) -> Option<Setup> {
+        let chart = preflight(test)?;
+        let t0 = Instant::now();
+        let work = Work::new(test);
+        let cluster = Cluster::start(work.path());
+        let kube = Kube::new(&cluster.admin_kubeconfig());
+        let install = install(&cluster, &chart);
+        Some(Setup {
+            kube,
+            cluster,
+            install,
+            chart,
+            work,
+            t0,
+        })
+    }
+}
+
 /// The test's scratch folder (logs of the agents and the control plane), removed at the end
 /// unless the test failed or SWITCHYARD_KEEP_WORK=1.
 struct Work(Option<tempfile::TempDir>);
@@ -1196,6 +1227,34 @@ impl Seen {
     }
 }
 
+/// Live traffic: a TCP connection from the client pod to `to` every 20 ms until stopped.
+struct Prober {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Vec<net::Outcome>>,
+}
+
+impl Prober {
+    fn start(node: &Node, to: SocketAddr) -> Prober {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ns, flag) = (node.client.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut outcomes = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                outcomes.push(net::probe_tcp(&ns, IpAddr::V4(CLIENT_IP), to));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            outcomes
+        });
+        Prober { stop, thread }
+    }
+
+    /// Every connection's outcome, in order.
+    fn stop(self) -> Vec<net::Outcome> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
 fn endpoints_at(ips: &[Ipv4Addr], port: u16) -> BTreeSet<SocketAddr> {
     ips.iter()
         .map(|ip| SocketAddr::new(IpAddr::V4(*ip), port))
@@ -1441,20 +1500,23 @@ fn wait_can_i(cluster: &Cluster, user: &str, verb: &str, resource: &str, want: b
 #[test]
 fn chart_is_accepted_and_its_role_is_enough_and_no_broader() {
     let test = "chart";
-    let Some(chart) = preflight(test) else {
+    let Some(setup) = Setup::start(test) else {
         return;
     };
-    let t0 = Instant::now();
-    let work = Work::new(test);
-    let cluster = Cluster::start(work.path());
-    let kube = Kube::new(&cluster.admin_kubeconfig());
-    let install = install(&cluster, &chart);
+    let Setup {
+        kube,
+        cluster,
+        install,
+        chart,
+        work,
+        t0,
+    } = &setup;
     kube.node();
 
     // What the ServiceAccount may do beyond what every authenticated user may: exactly the
     // chart's grants. (`default` in kube-system has no binding of its own.)
-    let sa = grants(&cluster, CHART_SA);
-    let base = grants(&cluster, "system:serviceaccount:kube-system:default");
+    let sa = grants(cluster, CHART_SA);
+    let base = grants(cluster, "system:serviceaccount:kube-system:default");
     let extra: BTreeSet<String> = sa.difference(&base).cloned().collect();
     let want: BTreeSet<String> = [
         "endpointslices.discovery.k8s.io [] [] [get list watch]",
@@ -1500,10 +1562,10 @@ fn chart_is_accepted_and_its_role_is_enough_and_no_broader() {
             format!("{}.{group}", resources[0])
         };
         let verb = rule["verbs"][0].as_str().unwrap();
-        wait_can_i(&cluster, CHART_SA, verb, &first, false);
+        wait_can_i(cluster, CHART_SA, verb, &first, false);
         let agent = Agent::start(
             &probe_ns,
-            &install,
+            install,
             &install.kubeconfig,
             work.path().join(format!("agent-without-rule-{i}.log")),
         );
@@ -1540,16 +1602,16 @@ fn chart_is_accepted_and_its_role_is_enough_and_no_broader() {
     let role_json = role.to_string();
     cluster.kubectl_ok(&["replace", "-f", "-"], Some(&role_json));
     wait_can_i(
-        &cluster,
+        cluster,
         CHART_SA,
         "list",
         "servicecidrs.networking.k8s.io",
         true,
     );
-    wait_can_i(&cluster, CHART_SA, "list", "services", true);
-    wait_can_i(&cluster, CHART_SA, "list", "nodes", true);
+    wait_can_i(cluster, CHART_SA, "list", "services", true);
+    wait_can_i(cluster, CHART_SA, "list", "nodes", true);
     wait_can_i(
-        &cluster,
+        cluster,
         CHART_SA,
         "list",
         "endpointslices.discovery.k8s.io",
@@ -1583,7 +1645,7 @@ fn chart_is_accepted_and_its_role_is_enough_and_no_broader() {
     let before = counts();
     let agent = Agent::start(
         &node.node,
-        &install,
+        install,
         &install.kubeconfig,
         work.path().join("agent.log"),
     );
@@ -1643,14 +1705,17 @@ fn chart_is_accepted_and_its_role_is_enough_and_no_broader() {
 #[test]
 fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
     let test = "traffic";
-    let Some(chart) = preflight(test) else {
+    let Some(setup) = Setup::start(test) else {
         return;
     };
-    let t0 = Instant::now();
-    let work = Work::new(test);
-    let cluster = Cluster::start(work.path());
-    let kube = Kube::new(&cluster.admin_kubeconfig());
-    let install = install(&cluster, &chart);
+    let Setup {
+        kube,
+        cluster,
+        install,
+        work,
+        t0,
+        ..
+    } = &setup;
     // `web` pods are behind one ClusterIP Service (TCP and UDP), so each change to one of
     // them is one slice update, timed below. `front` pods are behind a NodePort Service, a
     // LoadBalancer Service with an externalIP, a ClusterIP Service with session affinity and
@@ -1672,7 +1737,7 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
     let _relay = Relay::start(&node.node, cluster.port);
     let agent = Agent::start(
         &node.node,
-        &install,
+        install,
         &install.kubeconfig,
         work.path().join("agent.log"),
     );
@@ -1747,7 +1812,7 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
     // frontend DNATs to exactly its pods.
     follow(
         "five pods behind twelve frontends",
-        &kube,
+        kube,
         ns,
         &node,
         &agent,
@@ -1852,7 +1917,7 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
         (CLIENT_IP, format!("{dns}/UDP"), "pod", &from_pod_udp),
         (EXT_IP, format!("{nodeport}/TCP"), "external", &from_ext),
     ] {
-        let t = trace(&node, &install, from, &to, kind);
+        let t = trace(&node, install, from, &to, kind);
         assert_eq!(t["verdict"], "DNAT", "{from} -> {to}: {t}");
         assert_eq!(trace_endpoints(&t), seen.answered(), "{from} -> {to}: {t}");
         assert_eq!(
@@ -1888,7 +1953,7 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
         std::thread::sleep(quiet.saturating_duration_since(Instant::now()));
         let at = next_second();
         change(&at);
-        let took = follow(what, &kube, ns, &node, &agent, slices_ok, rules_ok);
+        let took = follow(what, kube, ns, &node, &agent, slices_ok, rules_ok);
         *last = Instant::now();
         println!(
             "{what}: in the kernel {} ms after its slice",
@@ -2061,14 +2126,17 @@ fn real_slices_reach_the_right_pods_and_changes_are_followed_within_a_second() {
 #[test]
 fn apiserver_restart_keeps_the_rules_and_the_agent_follows_after() {
     let test = "restart";
-    let Some(chart) = preflight(test) else {
+    let Some(setup) = Setup::start(test) else {
         return;
     };
-    let t0 = Instant::now();
-    let work = Work::new(test);
-    let cluster = Cluster::start(work.path());
-    let kube = Kube::new(&cluster.admin_kubeconfig());
-    let install = install(&cluster, &chart);
+    let Setup {
+        kube,
+        cluster,
+        install,
+        work,
+        t0,
+        ..
+    } = &setup;
     let web = [
         ("web-0", Ipv4Addr::new(10, 244, 0, 10)),
         ("web-1", Ipv4Addr::new(10, 244, 0, 11)),
@@ -2078,7 +2146,7 @@ fn apiserver_restart_keeps_the_rules_and_the_agent_follows_after() {
     let _relay = Relay::start(&node.node, cluster.port);
     let agent = Agent::start(
         &node.node,
-        &install,
+        install,
         &install.kubeconfig,
         work.path().join("agent.log"),
     );
@@ -2105,7 +2173,7 @@ fn apiserver_restart_keeps_the_rules_and_the_agent_follows_after() {
     let serves = |rules: &str, ips: &[Ipv4Addr]| backends(rules, &key) == values(ips);
     follow(
         "two pods",
-        &kube,
+        kube,
         ns,
         &node,
         &agent,
@@ -2114,19 +2182,8 @@ fn apiserver_restart_keeps_the_rules_and_the_agent_follows_after() {
     );
 
     // Live traffic and a watch on the rules, through the restart.
+    let prober = Prober::start(&node, vip);
     let stop = Arc::new(AtomicBool::new(false));
-    let client_ns = node.client.clone();
-    let prober = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut outcomes = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                outcomes.push(net::probe_tcp(&client_ns, IpAddr::V4(CLIENT_IP), vip));
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            outcomes
-        })
-    };
     let node_ns = node.node.clone();
     let key_in_thread = key.clone();
     let watcher = {
@@ -2185,7 +2242,7 @@ fn apiserver_restart_keeps_the_rules_and_the_agent_follows_after() {
     kube.pod(ns, "web-2", "web", w2, &at);
     let took = follow(
         "a pod added after the restart",
-        &kube,
+        kube,
         ns,
         &node,
         &agent,
@@ -2204,7 +2261,7 @@ fn apiserver_restart_keeps_the_rules_and_the_agent_follows_after() {
         agent.log()
     );
     stop.store(true, Ordering::Relaxed);
-    let outcomes = prober.join().unwrap();
+    let outcomes = prober.stop();
     let samples = watcher.join().unwrap();
     let failed: Vec<String> = outcomes
         .iter()
@@ -2277,18 +2334,21 @@ fn apiserver_restart_keeps_the_rules_and_the_agent_follows_after() {
 #[test]
 fn ten_thousand_services_listed_and_relisted_from_the_real_api_server() {
     let test = "scale";
-    let Some(chart) = preflight(test) else {
+    let Some(setup) = Setup::start(test) else {
         return;
     };
+    let Setup {
+        kube,
+        cluster,
+        install,
+        work,
+        t0,
+        ..
+    } = &setup;
     let n: usize = std::env::var("SWITCHYARD_REAL_SERVICES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
-    let t0 = Instant::now();
-    let work = Work::new(test);
-    let cluster = Cluster::start(work.path());
-    let kube = Kube::new(&cluster.admin_kubeconfig());
-    let install = install(&cluster, &chart);
     let web = ("web-0", Ipv4Addr::new(10, 244, 0, 10));
     let node = Node::build(&[web]);
     let _relay = Relay::start(&node.node, cluster.port);
@@ -2356,7 +2416,7 @@ fn ten_thousand_services_listed_and_relisted_from_the_real_api_server() {
     let started = Instant::now();
     let agent = Agent::start(
         &node.node,
-        &install,
+        install,
         &install.kubeconfig,
         work.path().join("agent.log"),
     );
@@ -2389,19 +2449,8 @@ fn ten_thousand_services_listed_and_relisted_from_the_real_api_server() {
 
     // Live traffic and a watch on the one service's element (`nft get element` is a lookup,
     // not a listing of 10k services), through compaction and restart.
+    let prober = Prober::start(&node, vip);
     let stop = Arc::new(AtomicBool::new(false));
-    let client_ns = node.client.clone();
-    let prober = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut outcomes = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                outcomes.push(net::probe_tcp(&client_ns, IpAddr::V4(CLIENT_IP), vip));
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            outcomes
-        })
-    };
     let node_ns = node.node.clone();
     let element = format!("{{ {} . tcp . 80 }}", vip.ip());
     let watcher = {
@@ -2458,7 +2507,7 @@ fn ten_thousand_services_listed_and_relisted_from_the_real_api_server() {
     // Traffic goes on a moment past the relist.
     std::thread::sleep(Duration::from_secs(1));
     stop.store(true, Ordering::Relaxed);
-    let outcomes = prober.join().unwrap();
+    let outcomes = prober.stop();
     let (samples, missing) = watcher.join().unwrap();
     let failed: Vec<String> = outcomes
         .iter()
@@ -2501,14 +2550,17 @@ fn ten_thousand_services_listed_and_relisted_from_the_real_api_server() {
 #[test]
 fn dual_stack_internal_local_and_hairpin_in_both_modes() {
     let test = "dual";
-    let Some(chart) = preflight(test) else {
+    let Some(setup) = Setup::start(test) else {
         return;
     };
-    let t0 = Instant::now();
-    let work = Work::new(test);
-    let cluster = Cluster::start(work.path());
-    let kube = Kube::new(&cluster.admin_kubeconfig());
-    let install = install(&cluster, &chart);
+    let Setup {
+        kube,
+        cluster,
+        install,
+        work,
+        t0,
+        ..
+    } = &setup;
     let ns = "rc-dual";
     kube.node();
     kube.other_node("node-b", Ipv4Addr::new(10, 200, 0, 3));
