@@ -1,8 +1,10 @@
 //! The real kube-proxy v1.37.2 beside Switchyard (issue 26 section 3). For each proxy
 //! (kube-proxy in nftables mode, kube-proxy in iptables mode, Switchyard in nftables mode,
 //! Switchyard in iptables mode), one at a time so they do not compete for the cores: a
-//! network namespace of its own, the fixture API server (tests/apiserver) inside it holding
-//! N services x 10 endpoints and this node, the proxy started with the same
+//! network namespace of its own, watching one real control plane (tests/cluster/up.sh, its
+//! port relayed into the namespace) that holds N services x 10 endpoints and this node,
+//! written through kube-apiserver once per size (or, with SY_BENCH_API=fixture or without
+//! the built components, the fixture API server in each namespace), the proxy started with the same
 //! KubeProxyConfiguration (same node name, same sync periods), then endpoint churn at each
 //! rate for a bounded time. Each EndpointSlice carries
 //! `endpoints.kubernetes.io/last-change-trigger-time`, set when the bench writes it, so both
@@ -22,7 +24,8 @@
 //! window), SY_BENCH_MIN_SYNC (1s, both proxies' default), SY_BENCH_PROXIES
 //! (kube-proxy-nftables,kube-proxy-iptables,switchyard-nftables,switchyard-iptables),
 //! SY_BENCH_KUBE_PROXY (path of the real binary), SY_BENCH_FIRST_SYNC_LIMIT (300 s: a
-//! proxy without a complete first sync by then is recorded with an `error` and skipped). Results are merged into
+//! proxy without a complete first sync by then is recorded with an `error` and skipped),
+//! SY_BENCH_API (real or fixture). Results are merged into
 //! target/vs_kube_proxy.json (one object per proxy and size).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -35,6 +38,14 @@ mod netns;
 mod apiserver;
 #[path = "../tests/rig/exposition.rs"]
 mod exposition;
+
+#[path = "../tests/rig/control_plane.rs"]
+mod control_plane;
+
+#[path = "vs_kube_proxy/api.rs"]
+mod api;
+#[path = "vs_kube_proxy/packets.rs"]
+mod packets;
 
 use exposition::quantile;
 use serde_json::{json, Value};
@@ -90,10 +101,43 @@ fn rfc3339_nano(t: SystemTime) -> String {
     )
 }
 
+/// Inside up.sh's Service CIDR (10.96.0.0/16), past the addresses the control plane
+/// allocates itself (10.96.0.x), so kube-apiserver takes them as given.
 fn cluster_ip(i: usize) -> String {
-    let i = i + 1;
-    format!("172.{}.{}.{}", 16 + i / 65536, (i / 256) % 256, i % 256)
+    let i = i + 256;
+    format!("10.{}.{}.{}", 96 + i / 65536, (i / 256) % 256, i % 256)
 }
+
+/// The cluster of a run: the node, `services` Services and their EndpointSlices (and, for
+/// a real API server, their namespace first).
+fn cluster_objects(services: usize, real: bool) -> Vec<Value> {
+    let mut out = Vec::with_capacity(2 * services + 2);
+    if real {
+        out.push(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}}));
+    }
+    out.push(json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+        "status": {"addresses": [{"type": "InternalIP", "address": "10.200.0.1"}]}}));
+    for i in 0..services {
+        out.push(service(i));
+        out.push(slice(i, 0));
+    }
+    // The probe Service (network programming from packets), after the N.
+    let mut probe = service(services);
+    probe["metadata"]["name"] = json!(PROBE);
+    out.push(probe);
+    out.push(packets::slice(PROBE, 1));
+    out
+}
+
+/// The probe Service's name.
+const PROBE: &str = "probe";
+
+/// The next churn change and the next probe move, counted across the runs of a process: a
+/// real API server keeps what the previous proxy's run wrote, so a change must never repeat
+/// an earlier one (a proxy rightly ignores a write that changes nothing).
+static GENERATION: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+static PROBE_GENERATION: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(2);
 
 fn service(i: usize) -> Value {
     let ip = cluster_ip(i);
@@ -124,7 +168,7 @@ fn slice(i: usize, generation: usize) -> Value {
     json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": format!("svc-{i}-1"), "namespace": "bench",
             "labels": {"kubernetes.io/service-name": format!("svc-{i}"),
-                       "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+                       "endpointslice.kubernetes.io/managed-by": "switchyard-bench"},
             "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": rfc3339_nano(SystemTime::now())}},
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}], "endpoints": eps})
@@ -381,22 +425,17 @@ fn round(v: f64, digits: i32) -> f64 {
     (v * m).round() / m
 }
 
-fn bench_one(run: &Run, services: usize, rates: &[usize], seconds: u64, min_sync: &str) -> Value {
+fn bench_one(
+    run: &Run,
+    real: Option<&api::Real>,
+    services: usize,
+    rates: &[usize],
+    seconds: u64,
+    min_sync: &str,
+) -> Value {
     let ns = format!("sy-vs-{}-{}", run.name, std::process::id());
     netns::create_namespace(&ns).expect("network namespace");
-    let ns2 = ns.clone();
-    let api = apiserver::ApiServer::start(move || {
-        netns::in_netns(&ns2, || std::net::TcpListener::bind("127.0.0.1:6443")).unwrap()
-    });
-    api.apply(json!({"apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
-        "status": {"addresses": [{"type": "InternalIP", "address": "10.200.0.1"}]}}));
-    for i in 0..services {
-        api.apply(service(i));
-        api.apply(slice(i, 0));
-    }
-    // No compact(): the fixture answers a watch from a resourceVersion older than the
-    // compaction with 410 Gone, streaming lists (kube-proxy's, no resourceVersion) included.
+    let api = api::Attached::to(&ns, real, || cluster_objects(services, false));
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
@@ -429,7 +468,7 @@ fn bench_one(run: &Run, services: usize, rates: &[usize], seconds: u64, min_sync
             cmd.args([env!("CARGO_BIN_EXE_switchyard"), "run"]);
             cmd.arg("--config").arg(&cfg);
             cmd.arg("--kubeconfig").arg(&kubeconfig);
-            cmd.args(["--log-level", "warn"]);
+            cmd.args(["--log-level", "info"]);
         }
     }
     let mut child = cmd
@@ -480,10 +519,12 @@ fn bench_one(run: &Run, services: usize, rates: &[usize], seconds: u64, min_sync
             let _ = child.wait();
             drop(api);
             netns::delete_namespace(&ns);
+            keep_log(&log, run, services);
             return json!({
                 "proxy": run.name,
                 "implementation": if run.proxy == Proxy::KubeProxy { "kube-proxy v1.37.2" } else { "switchyard" },
                 "mode": run.mode,
+                "api_server": if real.is_some() { "kube-apiserver v1.37.2" } else { "fixture" },
                 "services": services,
                 "endpoints_per_service": 10,
                 "min_sync_period": min_sync,
@@ -508,7 +549,25 @@ fn bench_one(run: &Run, services: usize, rates: &[usize], seconds: u64, min_sync
     std::thread::sleep(Duration::from_secs(2));
     let rss_after_first = status_kib(pid, "VmRSS");
 
-    let mut generation = 1;
+    // The probe's pod, and its first address answering through the proxy.
+    let pod = packets::Pod::start(&ns, "10.96.0.0/16");
+    let probe_vip: std::net::SocketAddr = format!("{}:80", cluster_ip(services)).parse().unwrap();
+    let writer = api.writer();
+    // A first move of the probe Service to the new pod, answered through the proxy (a real
+    // API server still holds where the previous proxy's run left it).
+    let first_move = PROBE_GENERATION.fetch_add(1, Ordering::Relaxed);
+    pod.add(first_move);
+    let written = Instant::now();
+    let probing = writer.apply_now(packets::slice(PROBE, first_move)).is_ok()
+        && pod
+            .until_moved(probe_vip, first_move, written, Duration::from_secs(10))
+            .is_some();
+    if !probing {
+        println!(
+            "  the probe Service never answered: no latency from packets for {}",
+            run.name
+        );
+    }
     let mut windows = Vec::new();
     for &rate in rates {
         let before = scrape(&ns);
@@ -516,15 +575,43 @@ fn bench_one(run: &Run, services: usize, rates: &[usize], seconds: u64, min_sync
         let t0 = Instant::now();
         let interval = Duration::from_secs_f64(1.0 / rate as f64);
         let total = rate * seconds as usize;
-        for k in 0..total {
-            let due = t0 + interval * k as u32;
-            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
+        let stop = AtomicBool::new(false);
+        // One probe move a second beside the churn, each timed from its write to the first
+        // connection the new address answers.
+        let (moved, missed) = std::thread::scope(|scope| {
+            let prober = scope.spawn(|| {
+                let (mut moved, mut missed) = (Vec::new(), 0usize);
+                while probing && !stop.load(Ordering::Relaxed) {
+                    let g = PROBE_GENERATION.fetch_add(1, Ordering::Relaxed);
+                    pod.add(g);
+                    let written = Instant::now();
+                    if writer.apply_now(packets::slice(PROBE, g)).is_err() {
+                        missed += 1;
+                        continue;
+                    }
+                    match pod.until_moved(probe_vip, g, written, Duration::from_secs(10)) {
+                        Some(d) => moved.push(d.as_secs_f64()),
+                        None => missed += 1,
+                    }
+                    if let Some(rest) = Duration::from_secs(1).checked_sub(written.elapsed()) {
+                        std::thread::sleep(rest);
+                    }
+                }
+                (moved, missed)
+            });
+            for k in 0..total {
+                let due = t0 + interval * k as u32;
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+                api.apply(slice((generation * 7919) % services, generation));
             }
-            api.apply(slice((generation * 7919) % services, generation));
-            generation += 1;
-        }
+            stop.store(true, Ordering::Relaxed);
+            prober.join().unwrap()
+        });
         let churn = t0.elapsed();
+        let write_failures = api.settle();
         // Let the last changes land (both proxies' minSyncPeriod is at most a second or two).
         std::thread::sleep(Duration::from_secs(3));
         let wall = t0.elapsed();
@@ -572,6 +659,12 @@ fn bench_one(run: &Run, services: usize, rates: &[usize], seconds: u64, min_sync
             "netprog_p50_ms": round(quantile(&prog, 0.50) * 1000.0, 1),
             "netprog_p99_ms": round(quantile(&prog, 0.99) * 1000.0, 1),
             "netprog_mean_ms": round(if progs > 0.0 { prog_sum / progs * 1000.0 } else { 0.0 }, 1),
+            "write_failures": write_failures.len(),
+            "packets_count": moved.len(),
+            "packets_missed": missed,
+            "packets_p50_ms": round(sample_quantile(&moved, 0.50) * 1000.0, 1),
+            "packets_p99_ms": round(sample_quantile(&moved, 0.99) * 1000.0, 1),
+            "packets_mean_ms": round(moved.iter().sum::<f64>() / moved.len().max(1) as f64 * 1000.0, 1),
             "cpu_percent": round(cpu / wall.as_secs_f64() * 100.0, 1),
             "rss_mib": round(mib(status_kib(pid, "VmRSS")), 1),
         }));
@@ -582,12 +675,16 @@ fn bench_one(run: &Run, services: usize, rates: &[usize], seconds: u64, min_sync
     let (tree_peak, child_peak) = sampler.finish();
     let _ = child.kill();
     let _ = child.wait();
+    drop(writer);
+    drop(pod);
+    keep_log(&log, run, services);
     drop(api);
     netns::delete_namespace(&ns);
     json!({
         "proxy": run.name,
         "implementation": if run.proxy == Proxy::KubeProxy { "kube-proxy v1.37.2" } else { "switchyard" },
         "mode": run.mode,
+        "api_server": if real.is_some() { "kube-apiserver v1.37.2" } else { "fixture" },
         "services": services,
         "endpoints_per_service": 10,
         "min_sync_period": min_sync,
@@ -602,6 +699,24 @@ fn bench_one(run: &Run, services: usize, rates: &[usize], seconds: u64, min_sync
         "total_cpu_s": round(cpu_total, 2),
         "churn": windows,
     })
+}
+
+/// Copies a proxy's log to target/vs_kube_proxy-logs/<proxy>-<services>.log.
+fn keep_log(log: &Path, run: &Run, services: usize) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/vs_kube_proxy-logs");
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::copy(log, dir.join(format!("{}-{services}.log", run.name)));
+}
+
+/// The `q` quantile of samples (nearest rank); 0 without samples.
+fn sample_quantile(samples: &[f64], q: f64) -> f64 {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    s[rank - 1]
 }
 
 fn kube_proxy_binary() -> PathBuf {
@@ -671,6 +786,9 @@ fn print_table(results: &[Value]) {
                 ("net. programming p50, ms", "netprog_p50_ms"),
                 ("net. programming p99, ms", "netprog_p99_ms"),
                 ("net. programming mean, ms", "netprog_mean_ms"),
+                ("from packets p50, ms", "packets_p50_ms"),
+                ("from packets p99, ms", "packets_p99_ms"),
+                ("from packets mean, ms", "packets_mean_ms"),
                 ("CPU, % of one core", "cpu_percent"),
             ] {
                 rows.push((
@@ -775,14 +893,22 @@ fn main() {
             )
         })
         .collect();
+    // The real control plane where it is built, else the fixture (SY_BENCH_API=fixture
+    // asks for the fixture).
+    let real_api = match std::env::var("SY_BENCH_API").as_deref() {
+        Ok("fixture") => false,
+        Ok("real") => true,
+        _ => control_plane::k8s_bin("kube-apiserver").exists(),
+    };
     let mut results = Vec::new();
     for &services in &sizes {
+        let real = real_api.then(|| api::Real::start(cluster_objects(services, true)));
         for run in &runs {
             println!(
                 "vs_kube_proxy: {} at {services} services x 10, churn {rates:?}/s for {seconds} s each, minSyncPeriod {min_sync}",
                 run.name
             );
-            let mut r = bench_one(run, services, &rates, seconds, &min_sync);
+            let mut r = bench_one(run, real.as_ref(), services, &rates, seconds, &min_sync);
             r["date"] = json!(rfc3339_nano(SystemTime::now())[..10].to_string());
             println!("  {r}");
             all.insert((run.name.clone(), services as u64), r.clone());
