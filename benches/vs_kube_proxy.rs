@@ -515,6 +515,7 @@ fn bench_one(
             let peak = status_kib(pid, "VmHWM");
             let cpu = cpu_seconds(pid);
             let _ = sampler.finish();
+            kill_tree(pid);
             let _ = child.kill();
             let _ = child.wait();
             drop(api);
@@ -673,6 +674,7 @@ fn bench_one(
     let hwm = status_kib(pid, "VmHWM");
     let cpu_total = cpu_seconds(pid);
     let (tree_peak, child_peak) = sampler.finish();
+    kill_tree(pid);
     let _ = child.kill();
     let _ = child.wait();
     drop(writer);
@@ -699,6 +701,17 @@ fn bench_one(
         "total_cpu_s": round(cpu_total, 2),
         "churn": windows,
     })
+}
+
+/// Kills what the proxy started (its nft or iptables-restore): a child outliving the proxy
+/// would hold a core through the next proxy's run (kube-proxy's first iptables-restore at
+/// 10k runs for minutes).
+fn kill_tree(pid: u32) {
+    for child in descendants(pid) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &child.to_string()])
+            .status();
+    }
 }
 
 /// Copies a proxy's log to target/vs_kube_proxy-logs/<proxy>-<services>.log.
