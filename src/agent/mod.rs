@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod schedule;
 pub mod servers;
 pub mod service_health;
+mod start_event;
 pub mod store;
 
 use crate::config::{ProxyConfig, ProxyMode};
@@ -160,6 +161,7 @@ async fn run_async(
                 );
             }
             let client = kube_source::client_with(&conn, Some(metrics.client.clone())).await?;
+            start_event::record(client.clone(), &node_name);
             kube_source::spawn(
                 client,
                 &node_name,
