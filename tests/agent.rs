@@ -80,15 +80,7 @@ impl Agent {
 
     /// A namespace for an agent not started yet; `None` (a skip) without root.
     fn namespace(tag: &str) -> Option<Agent> {
-        let ns = format!("{}agent-{tag}", netns::unique_prefix());
-        if let Err(e) = netns::create_namespace(&ns) {
-            assert!(
-                std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
-                "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
-            );
-            println!("SKIP {tag}: needs root and network namespaces: {e}");
-            return None;
-        }
+        let ns = netns::create_or_skip(&format!("agent-{tag}"))?;
         Some(Agent {
             ns,
             child: None,

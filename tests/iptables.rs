@@ -64,16 +64,7 @@ impl Ns {
     /// A new namespace named after `what`; `None` (the test skips) when this machine
     /// cannot make one and SWITCHYARD_REQUIRE_NETNS is not 1.
     fn create(what: &str) -> Option<Ns> {
-        let name = format!("{}ipt-{what}", netns::unique_prefix());
-        if let Err(e) = netns::create_namespace(&name) {
-            assert!(
-                std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
-                "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
-            );
-            println!("SKIP: needs root and network namespaces: {e}");
-            return None;
-        }
-        Some(Ns(name))
+        netns::create_or_skip(&format!("ipt-{what}")).map(Ns)
     }
 }
 

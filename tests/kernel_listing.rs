@@ -87,16 +87,7 @@ struct Namespace(String);
 
 impl Namespace {
     fn create(tag: &str) -> Option<Namespace> {
-        let ns = format!("{}{tag}", netns::unique_prefix());
-        if let Err(e) = netns::create_namespace(&ns) {
-            assert!(
-                std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
-                "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
-            );
-            println!("SKIP: needs root and network namespaces: {e}");
-            return None;
-        }
-        Some(Namespace(ns))
+        netns::create_or_skip(tag).map(Namespace)
     }
 }
 

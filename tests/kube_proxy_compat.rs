@@ -41,18 +41,7 @@ struct Ns(String);
 
 impl Ns {
     fn new(tag: &str) -> Option<Ns> {
-        let name = format!("{}kp-{tag}", netns::unique_prefix());
-        match netns::create_namespace(&name) {
-            Ok(()) => Some(Ns(name)),
-            Err(e) => {
-                assert!(
-                    std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
-                    "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
-                );
-                println!("SKIP {tag}: needs root and network namespaces: {e}");
-                None
-            }
-        }
+        netns::create_or_skip(&format!("kp-{tag}")).map(Ns)
     }
 
     fn exec(&self, program: &str, args: &[&str]) -> netns::CmdOutput {

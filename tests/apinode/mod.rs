@@ -159,15 +159,7 @@ impl Drop for LocalNode {
 
 impl LocalNode {
     pub fn new(tag: &str, services: usize) -> Option<LocalNode> {
-        let ns = format!("{}{tag}", netns::unique_prefix());
-        if let Err(e) = netns::create_namespace(&ns) {
-            assert!(
-                std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
-                "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
-            );
-            println!("SKIP: needs root and network namespaces: {e}");
-            return None;
-        }
+        let ns = netns::create_or_skip(tag)?;
         let node = Node(ns.clone());
         // A veth pair stands in for the pod network (this kernel may lack the dummy driver).
         let mut lines = vec![

@@ -202,6 +202,23 @@ pub fn create_namespace(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A new namespace `<unique prefix><tag>`. Where one cannot be made (no root) the test is
+/// skipped: `None` and a SKIP line, unless SWITCHYARD_REQUIRE_NETNS=1 (CI), where that fails.
+pub fn create_or_skip(tag: &str) -> Option<String> {
+    let name = format!("{}{tag}", unique_prefix());
+    match create_namespace(&name) {
+        Ok(()) => Some(name),
+        Err(e) => {
+            assert!(
+                std::env::var("SWITCHYARD_REQUIRE_NETNS").as_deref() != Ok("1"),
+                "SWITCHYARD_REQUIRE_NETNS=1 but: {e}"
+            );
+            println!("SKIP {tag}: needs root and network namespaces: {e}");
+            None
+        }
+    }
+}
+
 pub fn delete_namespace(name: &str) {
     let _ = run("ip", &["netns", "delete", name], None, CMD_TIMEOUT);
 }
