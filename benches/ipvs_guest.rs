@@ -27,7 +27,7 @@ use dataplane::backend::{Backend, Scope};
 use dataplane::iptables::kernel::IptablesCommand;
 use dataplane::ipvs::kernel::RealIpvs;
 use dataplane::ipvs::{IpvsBackend, IpvsOptions};
-use dataplane::nft::kernel::NftCommand;
+use dataplane::nft::kernel::NftKernel;
 use dataplane::nft::NftBackend;
 use dataplane::synth;
 use std::time::{Duration, Instant};
@@ -100,7 +100,7 @@ fn ipvs(services: usize, changes: usize) {
 
 fn nftables_reference(services: usize, changes: usize) {
     let mut snap = synth::cluster(services, 10);
-    let mut be = NftBackend::new(NftCommand::default());
+    let mut be = NftBackend::new(NftKernel);
     let t = Instant::now();
     be.sync(&snap, Scope::AllServices).expect("cold sync");
     let cold = t.elapsed();

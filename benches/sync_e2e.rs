@@ -10,7 +10,7 @@
 
 use dataplane::backend::{Backend, Scope};
 use dataplane::nft::diff::Transaction;
-use dataplane::nft::kernel::{NftCommand, NftError, NftExecutor};
+use dataplane::nft::kernel::{NftError, NftExecutor, NftKernel};
 use dataplane::nft::tables::Ruleset;
 use dataplane::nft::NftBackend;
 use dataplane::synth;
@@ -23,7 +23,7 @@ use common::{ms, pct};
 
 /// Times each kernel transaction.
 struct Timed {
-    inner: NftCommand,
+    inner: NftKernel,
     applies: Vec<Duration>,
 }
 
@@ -60,7 +60,7 @@ fn cold_from_manifests(services: usize, out: &mut String) {
 fn one_change(services: usize, changes: usize, out: &mut String) {
     let mut snap = synth::cluster(services, 10);
     let mut be = NftBackend::new(Timed {
-        inner: NftCommand::default(),
+        inner: NftKernel,
         applies: Vec::new(),
     });
     let t = Instant::now();

@@ -7,7 +7,7 @@ use dataplane::iptables::kernel::IptablesCommand;
 use dataplane::iptables::IptablesBackend;
 use dataplane::ipvs::kernel::RealIpvs;
 use dataplane::ipvs::{IpvsBackend, IpvsOptions};
-use dataplane::nft::kernel::NftCommand;
+use dataplane::nft::kernel::NftKernel;
 use dataplane::nft::NftBackend;
 
 /// The backend for `cfg.mode`; fails when the kernel lacks what the mode needs (IPVS).
@@ -17,7 +17,7 @@ pub fn for_mode(cfg: &ProxyConfig) -> Result<Box<dyn Backend>, BackendError> {
             cfg.iptables_backend,
         ))),
         ProxyMode::Ipvs => Box::new(ipvs_backend(cfg)?),
-        ProxyMode::Nftables => Box::new(NftBackend::new(NftCommand::default())),
+        ProxyMode::Nftables => Box::new(NftBackend::new(NftKernel)),
     })
 }
 

@@ -16,7 +16,7 @@ use dataplane::ipvs::genl::GenlError;
 use dataplane::ipvs::kernel::{IpvsError, RealIpvs, DUMMY};
 use dataplane::ipvs::{IpvsBackend, IpvsOptions};
 use dataplane::model::Snapshot;
-use dataplane::nft::kernel::NftCommand;
+use dataplane::nft::kernel::NftKernel;
 use dataplane::nft::NftBackend;
 
 /// Errors that end a command.
@@ -141,7 +141,7 @@ fn render(inputs: &Inputs) -> Result<(), CommandError> {
                 &cfg.ipvs.scheduler
             )
         ),
-        ProxyMode::Nftables => print!("{}", NftBackend::<NftCommand>::render(&snap).to_nft()),
+        ProxyMode::Nftables => print!("{}", NftBackend::<NftKernel>::render(&snap).to_nft()),
     }
     Ok(())
 }
@@ -464,7 +464,7 @@ fn cleanup(args: &CleanupArgs) -> Result<(), CommandError> {
     };
     let variant = config::parse_iptables_backend("command line", &args.iptables_backend)?;
     if mode.is_none_or(|m| m == ProxyMode::Nftables) {
-        let mut backend = NftBackend::new(NftCommand::default());
+        let mut backend = NftBackend::new(NftKernel);
         let removed = backend.cleanup()?;
         println!("cleanup: removed {removed} switchyard nftables tables");
     }

@@ -11,7 +11,7 @@ use dataplane::iptables::IptablesBackend;
 use dataplane::ipvs::genl::GenlError;
 use dataplane::ipvs::kernel::{IpvsError, RealIpvs, DUMMY};
 use dataplane::model::IpFamily;
-use dataplane::nft::kernel::{NftCommand, NftError};
+use dataplane::nft::kernel::NftKernel;
 use dataplane::nft::NftBackend;
 
 /// What was removed (lines for the operator) and what failed.
@@ -31,21 +31,13 @@ impl Removed {
 /// kube-proxy's nftables mode: its `kube-proxy` tables.
 pub fn kube_proxy_nftables() -> Removed {
     let mut r = Removed::default();
-    let mut nft = NftCommand::default();
+    let mut nft = NftKernel;
     for family in IpFamily::ALL {
         match nft.delete_foreign_table(family, "kube-proxy") {
             Ok(true) => r
                 .done
                 .push(format!("removed kube-proxy's nftables table ({family})")),
             Ok(false) => {}
-            // Without nft there can be no nftables table made by nft-based kube-proxy... but
-            // there could be one made over netlink; say so rather than claim it is clean.
-            Err(NftError::Spawn { program, .. }) => {
-                r.done.push(format!(
-                    "{program} is not installed; kube-proxy's nftables tables not looked for"
-                ));
-                break;
-            }
             Err(e) => r.failed.push(format!("nftables ({family}): {e}")),
         }
     }
@@ -55,15 +47,11 @@ pub fn kube_proxy_nftables() -> Removed {
 /// Switchyard's own nftables tables (nftables mode's).
 pub fn switchyard_nftables() -> Removed {
     let mut r = Removed::default();
-    match NftBackend::new(NftCommand::default()).cleanup() {
+    match NftBackend::new(NftKernel).cleanup() {
         Ok(0) => {}
         Ok(n) => r
             .done
             .push(format!("removed {n} switchyard nftables tables")),
-        Err(e) if e.program().is_some() => r.done.push(format!(
-            "{} is not installed; no switchyard nftables tables looked for",
-            e.program().unwrap_or("nft")
-        )),
         Err(e) => r.failed.push(format!("switchyard nftables tables: {e}")),
     }
     r

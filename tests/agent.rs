@@ -57,8 +57,6 @@ struct Agent {
     ns: String,
     child: Option<Child>,
     log: std::path::PathBuf,
-    /// A directory put first on the agent's PATH (to inject a failing `nft`).
-    path_first: Option<std::path::PathBuf>,
     /// A command the agent runs under, inside the namespace (`prlimit --nofile=...`).
     wrapper: Vec<String>,
     /// More environment for the agent.
@@ -85,7 +83,6 @@ impl Agent {
             ns,
             child: None,
             log: std::path::PathBuf::new(),
-            path_first: None,
             wrapper: Vec::new(),
             env: Vec::new(),
             mode: "nftables",
@@ -109,10 +106,6 @@ impl Agent {
         .unwrap();
         let log = dir.join("agent.log");
         let mut cmd = Command::new("ip");
-        if let Some(first) = &self.path_first {
-            let path = std::env::var("PATH").unwrap_or_default();
-            cmd.env("PATH", format!("{}:{path}", first.display()));
-        }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let child = cmd
             .args(["netns", "exec", &ns])
@@ -894,34 +887,21 @@ fn healthz_and_livez_fail_while_a_queued_update_goes_stale() {
     let Some(mut agent) = Agent::namespace("stale") else {
         return;
     };
-    // An `nft` that refuses every transaction while `broken` exists: the kernel keeps its
-    // rules, syncs fail and are retried, and the queued update ages past the health timeout
-    // (twice syncPeriod: 4 s here).
-    let bin = dir.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let real = netns::run("sh", &["-c", "command -v nft"], None, netns::CMD_TIMEOUT);
+    // The kernel refuses every commit while `broken` exists (SWITCHYARD_FAULTS): it keeps
+    // its rules, syncs fail and are retried, and the queued update ages past the health
+    // timeout (twice syncPeriod: 4 s here).
     let broken = dir.path().join("broken");
-    let script = bin.join("nft");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nif [ -e '{}' ]; then echo 'Error: injected failure' >&2; exit 1; fi\nexec {} \"$@\"\n",
-            broken.display(),
-            real.stdout.trim()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    agent.path_first = Some(bin);
+    agent
+        .env
+        .push(("SWITCHYARD_FAULTS", broken.to_string_lossy().into_owned()));
     let cluster = dir.path().join("cluster.yaml");
     write_atomically(&cluster, &manifests("10.0.0.1"));
     agent.spawn(dir.path(), &["--manifests".as_ref(), cluster.as_os_str()]);
     agent.wait_ruleset("the first sync", |rs| rs.contains("10.0.0.1"));
     assert_eq!(agent.get(HEALTH, "/healthz").0, 200);
 
-    std::fs::write(&broken, "").unwrap();
-    // Two endpoints: a new load-balancing chain, which only `nft` writes (element-only
-    // changes go to the kernel as netlink batches and would not fail here).
+    std::fs::write(&broken, "nf_tables-batch EPERM\n").unwrap();
+    // Two endpoints: a new load-balancing chain.
     write_atomically(
         &cluster,
         &manifests("10.0.0.2").replace(
@@ -962,7 +942,8 @@ fn healthz_and_livez_fail_while_a_queued_update_goes_stale() {
         ) >= 1.0
     );
 
-    // nft works again: the retry commits the update and both endpoints recover.
+    // The kernel takes commits again: the retry commits the update and both endpoints
+    // recover.
     std::fs::remove_file(&broken).unwrap();
     agent.wait_ruleset("the update after recovery", |rs| rs.contains("10.0.0.2"));
     let deadline = Instant::now() + Duration::from_secs(10);

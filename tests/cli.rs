@@ -237,6 +237,49 @@ fn sync_once_then_cleanup_removes_only_our_tables() {
     assert!(ns.run(bin, &["cleanup"]).status.success());
 }
 
+/// nftables mode writes over netlink alone: `sync --once` and `cleanup` with no `nft` on
+/// the PATH program and remove the tables (nft, run afterwards, reads what they wrote).
+#[test]
+fn a_sync_never_runs_nft() {
+    let Some(ns) = Netns::new("no-nft") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = write(dir.path(), "m.yaml", GOOD);
+    let empty = dir.path().join("empty-path");
+    std::fs::create_dir(&empty).unwrap();
+    let path = format!("PATH={}", empty.display());
+    let bin = env!("CARGO_BIN_EXE_switchyard");
+    let sync = [
+        path.as_str(),
+        bin,
+        "sync",
+        "--once",
+        "--manifests",
+        &m,
+        "--cluster-cidr",
+        "10.0.0.0/8",
+    ];
+    let out = ns.run("env", &sync);
+    assert!(out.status.success(), "sync failed: {}", text(&out.stderr));
+    let listed = text(&ns.run("nft", &["list", "table", "ip", "switchyard"]).stdout);
+    assert!(
+        listed.contains("172.30.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("numgen random mod 1 map @backends"),
+        "{listed}"
+    );
+    let out = ns.run(
+        "env",
+        &[path.as_str(), bin, "cleanup", "--proxy-mode", "nftables"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed = text(&ns.run("nft", &["list", "ruleset"]).stdout);
+    assert!(!listed.contains("switchyard"), "{listed}");
+}
+
 #[test]
 fn drift_is_repaired_by_the_next_sync() {
     let Some(ns) = Netns::new("drift") else {

@@ -14,10 +14,11 @@ mod netns;
 
 use dataplane::model::*;
 use dataplane::nft::diff::diff;
-use dataplane::nft::kernel::{NftCommand, NftExecutor};
+use dataplane::nft::kernel::{NftExecutor, NftKernel};
 use dataplane::nft::plan;
 use dataplane::nft::tables::Ruleset;
 use dataplane::nft::NftBackend;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 fn ip(s: &str) -> IpAddr {
@@ -105,16 +106,16 @@ fn netlink_reads_what_nft_lists_and_what_was_written() {
     let ns = guard.0.clone();
     let snap = snapshot();
     let (via_netlink, via_json, empty) = netns::in_netns(&ns, || {
-        let mut nft = NftCommand::default();
+        let mut nft = NftKernel;
         let empty = nft.read().expect("netlink read of an empty kernel");
-        nft.apply(&NftBackend::<NftCommand>::render(&snap))
+        nft.apply(&NftBackend::<NftKernel>::render(&snap))
             .expect("programming the table");
         let netlink = nft.read().expect("netlink read");
         let (again, generation) = dataplane::nft::kernel::read_kernel().expect("read_kernel");
         let consistent = generation.is_some();
         assert!(consistent, "nothing committed during the read");
         assert_eq!(again, netlink);
-        let json = nft.read_json().expect("nft -j list");
+        let json = dataplane::nft::kernel::read_with_nft("nft").expect("nft -j list");
         Ok((netlink, json, empty))
     })
     .expect("in the namespace");
@@ -217,8 +218,8 @@ fn no_dnat_rule_gets_a_hidden_tcp_match() {
             .collect(),
     );
     netns::in_netns(&ns, || {
-        let mut nft = NftCommand::default();
-        nft.apply(&NftBackend::<NftCommand>::render(&before))
+        let mut nft = NftKernel;
+        nft.apply(&NftBackend::<NftKernel>::render(&before))
             .expect("programming the table");
         for family in ["ip", "ip6"] {
             let text = listed(family);
@@ -262,8 +263,8 @@ fn element_batches_commit_exactly_or_not_at_all() {
     let dns = ServicePortName::new("bench", "dns", "dns", Protocol::Udp);
     after.endpoints.get_mut(&dns).unwrap()[0].ip = ip("10.9.0.54");
     netns::in_netns(&ns, || {
-        let mut nft = NftCommand::default();
-        nft.apply(&NftBackend::<NftCommand>::render(&before))
+        let mut nft = NftKernel;
+        nft.apply(&NftBackend::<NftKernel>::render(&before))
             .expect("programming the table");
         let kernel = nft.read().expect("read");
         let (want, _) = plan::desired(&after, &kernel);
@@ -277,7 +278,7 @@ fn element_batches_commit_exactly_or_not_at_all() {
             "expected an element-only change:\n{}",
             tx.to_nft()
         );
-        assert!(dataplane::nft::batch::try_commit(&tx).expect("the batch commits"));
+        dataplane::nft::wire::commit(&tx).expect("the batch commits");
         let got = nft.read().expect("read back");
         let left = diff(&got, &want, false);
         assert!(
@@ -293,7 +294,7 @@ fn element_batches_commit_exactly_or_not_at_all() {
             set: plan::SET_CLUSTER_IPS.into(),
             keys: vec!["172.31.255.254".into()],
         });
-        assert!(dataplane::nft::batch::try_commit(&bad).is_err());
+        assert!(dataplane::nft::wire::commit(&bad).is_err());
         assert_eq!(nft.read().expect("read after refusal"), got);
         Ok(())
     })
@@ -302,8 +303,8 @@ fn element_batches_commit_exactly_or_not_at_all() {
 
 /// The periodic check skips reading the kernel back when only our own commits happened
 /// since it last matched, which rests on the kernel moving its generation by exactly one
-/// per commit: for `nft -f` files of many operations and for netlink batches alike, and on
-/// every commit of anyone else.
+/// per commit: for batches of elements and of chains alike, and on every commit of anyone
+/// else.
 #[test]
 fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
     let Some(guard) = Namespace::create("gen") else {
@@ -322,10 +323,10 @@ fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
                 .unwrap();
             assert!(out.status.success(), "nft {args:?}: {out:?}");
         };
-        let mut be = NftBackend::new(NftCommand::default());
+        let mut be = NftBackend::new(NftKernel);
         let r = be.sync(&before, Scope::RepairAll).expect("first sync");
         assert!(r.stats.operations() > 10, "{}", r.summary());
-        assert!(be.kernel_unchanged(), "read, then one `nft -f` commit");
+        assert!(be.kernel_unchanged(), "read, then one commit");
 
         // Same endpoint count: a netlink element batch.
         let mut moved = before.clone();
@@ -337,7 +338,7 @@ fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
         );
         assert!(be.kernel_unchanged(), "after an element batch");
 
-        // One endpoint more: the service's chain is rewritten through `nft -f`.
+        // One endpoint more: the service's chain is rewritten too.
         let mut grown = moved.clone();
         grown
             .endpoints
@@ -346,10 +347,7 @@ fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
             .push(Endpoint::ready(ip("10.77.0.2"), 8080));
         let r = be.sync(&grown, Scope::Services(&key)).expect("chain");
         assert!(r.stats.chains_written > 0, "{r:?}");
-        assert!(
-            be.kernel_unchanged(),
-            "after an `nft -f` of several operations"
-        );
+        assert!(be.kernel_unchanged(), "after a batch of several operations");
 
         // Someone else's commit, to another table: only a read can tell.
         nft(&["add", "table", "ip", "someone-else"]);
@@ -376,38 +374,44 @@ fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
     .expect("in the namespace");
 }
 
-/// A kernel that refuses one family's table (here an `nft` that rejects every IPv6
-/// transaction, as a node without IPv6 nf_tables would) still gets the other family
-/// programmed, and the error names the family that failed.
+/// The real kernel behind an executor that refuses every IPv6 transaction, as a node
+/// without IPv6 nf_tables would.
+struct NoIpv6(NftKernel);
+
+impl NftExecutor for NoIpv6 {
+    fn read(&mut self) -> Result<Ruleset, dataplane::nft::kernel::NftError> {
+        self.0.read()
+    }
+    fn apply(
+        &mut self,
+        tx: &dataplane::nft::diff::Transaction,
+    ) -> Result<(), dataplane::nft::kernel::NftError> {
+        if tx.families().contains(&IpFamily::V6) {
+            return Err(dataplane::nft::kernel::NftError::Rejected {
+                ops: tx.ops.len(),
+                reason: "no IPv6 tables on this node".into(),
+            });
+        }
+        self.0.apply(tx)
+    }
+}
+
+/// A kernel that refuses one family's table still gets the other family programmed, and
+/// the error names the family that failed.
 #[test]
 fn one_family_refused_leaves_the_other_programmed() {
     let Some(guard) = Namespace::create("family") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let wrapper = dir.path().join("nft");
-    std::fs::write(
-        &wrapper,
-        // The input comes as a file (`-f PATH`, written whole first) or on stdin (`-f -`).
-        "#!/bin/sh\nif [ \"$1\" = -f ] && [ \"$2\" != - ]; then input=$(cat \"$2\"); else input=$(cat); fi\ncase \"$input\" in\n  *\"ip6 switchyard\"*) echo 'Error: no IPv6 tables on this node' >&2; exit 1;;\nesac\nif [ \"$1\" = -f ]; then printf '%s\\n' \"$input\" | exec nft -f -; fi\nprintf '%s\\n' \"$input\" | exec nft \"$@\"\n",
-    )
-    .unwrap();
-    std::process::Command::new("chmod")
-        .args(["+x", wrapper.to_str().unwrap()])
-        .status()
-        .unwrap();
     let snap = snapshot();
     let ns = guard.0.clone();
     let (err, kernel) = netns::in_netns(&ns, move || {
         use dataplane::backend::Backend;
-        let mut be = NftBackend::new(NftCommand {
-            program: wrapper.to_string_lossy().into_owned(),
-            netlink_batches: false,
-        });
+        let mut be = NftBackend::new(NoIpv6(NftKernel));
         let err = be
             .sync(&snap, dataplane::backend::Scope::AllServices)
             .unwrap_err();
-        Ok((err.to_string(), NftCommand::default().read().unwrap()))
+        Ok((err.to_string(), NftKernel.read().unwrap()))
     })
     .unwrap();
     assert!(
@@ -421,4 +425,225 @@ fn one_family_refused_leaves_the_other_programmed() {
     assert!(v4.sets[plan::MAP_SERVICE_IPS]
         .elements
         .contains_key("172.16.0.53 . udp . 53"));
+}
+
+/// One family's `switchyard` table as the kernel dumps it: each set's and chain's
+/// attributes (handles, ids and use counts left out), and each chain's rules (expressions
+/// and user data) in order.
+#[derive(Debug, PartialEq, Eq)]
+struct Raw {
+    sets: BTreeMap<String, Vec<(u16, Vec<u8>)>>,
+    chains: BTreeMap<String, Vec<(u16, Vec<u8>)>>,
+    rules: BTreeMap<String, Vec<RawRule>>,
+}
+
+/// A rule's expressions and user data.
+type RawRule = (Vec<u8>, Vec<u8>);
+
+fn raw_table(family: IpFamily) -> Raw {
+    use dataplane::netlink::*;
+    let mut socket = Socket::open(NETLINK_NETFILTER, "nfnetlink").unwrap();
+    let mut table = Vec::new();
+    push_attr(&mut table, NFTA_TABLE_NAME, &cstr("switchyard"));
+    let mut dump = |msg: u16| {
+        let request = Request::nfnl(
+            NFNL_SUBSYS_NFTABLES,
+            msg,
+            NLM_F_DUMP,
+            nfproto(family),
+            &table,
+        );
+        socket.request("dump", &request).unwrap()
+    };
+    let keep = |body: &[u8], skip: &[u16]| -> (String, Vec<(u16, Vec<u8>)>) {
+        let name = find(body, 2)
+            .or_else(|| find(body, 3))
+            .map(text)
+            .unwrap_or_default();
+        let attrs = attrs(body)
+            .filter(|a| !skip.contains(&a.kind))
+            .map(|a| (a.kind, a.data.to_vec()))
+            .collect();
+        (name, attrs)
+    };
+    let mut raw = Raw {
+        sets: BTreeMap::new(),
+        chains: BTreeMap::new(),
+        rules: BTreeMap::new(),
+    };
+    for body in dump(NFT_MSG_GETSET) {
+        // NFTA_SET_ID, NFTA_SET_HANDLE.
+        let (_, attrs) = keep(&body, &[10, 16]);
+        let name = find(&body, NFTA_SET_NAME).map(text).unwrap_or_default();
+        raw.sets.insert(name, attrs);
+    }
+    for body in dump(NFT_MSG_GETCHAIN) {
+        // NFTA_CHAIN_HANDLE, NFTA_CHAIN_USE, NFTA_CHAIN_COUNTERS, NFTA_CHAIN_ID.
+        let (_, attrs) = keep(&body, &[2, 6, 8, 11]);
+        let name = find(&body, NFTA_CHAIN_NAME).map(text).unwrap_or_default();
+        raw.chains.insert(name, attrs);
+    }
+    for body in dump(NFT_MSG_GETRULE) {
+        let chain = find(&body, NFTA_RULE_CHAIN).map(text).unwrap_or_default();
+        let exprs = find(&body, NFTA_RULE_EXPRESSIONS)
+            .unwrap_or_default()
+            .to_vec();
+        let udata = find(&body, NFTA_RULE_USERDATA).unwrap_or_default().to_vec();
+        raw.rules.entry(chain).or_default().push((exprs, udata));
+    }
+    raw
+}
+
+/// A node configuration for every rule shape the skeleton has: each local-traffic
+/// detector, masquerade-all, node-port addresses from CIDRs.
+fn node_variants() -> Vec<(&'static str, Snapshot)> {
+    let base = snapshot();
+    let with = |f: &dyn Fn(&mut NodeConfig)| {
+        let mut s = base.clone();
+        f(&mut s.node);
+        s
+    };
+    vec![
+        ("default", base.clone()),
+        (
+            "two pod CIDRs per family",
+            with(&|n| {
+                n.local_detector = LocalDetector::Cidrs(vec![
+                    "10.244.0.0/16".parse().unwrap(),
+                    "10.96.0.0/12".parse().unwrap(),
+                    "fd44::/64".parse().unwrap(),
+                    "fd45::/108".parse().unwrap(),
+                ])
+            }),
+        ),
+        (
+            "one pod CIDR off a byte boundary",
+            with(&|n| {
+                n.local_detector = LocalDetector::Cidrs(vec![
+                    "10.96.0.0/12".parse().unwrap(),
+                    "fd45::/108".parse().unwrap(),
+                ])
+            }),
+        ),
+        (
+            "bridge",
+            with(&|n| n.local_detector = LocalDetector::Bridge("cbr0".into())),
+        ),
+        (
+            "interface prefix",
+            with(&|n| n.local_detector = LocalDetector::InterfacePrefix("veth".into())),
+        ),
+        (
+            "masquerade all, node ports on every address",
+            with(&|n| {
+                n.masquerade_all = true;
+                n.node_port_addresses = NodePortAddresses::All;
+            }),
+        ),
+    ]
+}
+
+/// Lists one family's table as nft prints it, or why it could not.
+fn nft_list(family: &str) -> Result<String, String> {
+    let out = std::process::Command::new("nft")
+        .args(["list", "table", family, "switchyard"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Everything nftables mode writes goes over netlink, and it is what nft 1.0.6 writes for
+/// the same transaction text: the same set declarations and user data, the same chains,
+/// the same expressions register for register, so that `nft list` prints both alike and
+/// the netlink reader reads both alike.
+#[test]
+fn netlink_writes_what_nft_writes() {
+    for (what, mut snap) in node_variants() {
+        // nft 1.0.6 cannot write IPv6 session affinity (see the next test): IPv4 only.
+        let name = ServicePortName::new("bench", "svc-3", "http", Protocol::Tcp);
+        snap.services
+            .get_mut(&(name, IpFamily::V4))
+            .unwrap()
+            .session_affinity = SessionAffinity::ClientIp {
+            timeout_seconds: 600,
+        };
+        let tx = NftBackend::<NftKernel>::render(&snap);
+        let ours = Namespace::create("wire-ours").expect("namespaces here");
+        let theirs = Namespace::create("wire-nft").expect("namespaces here");
+        let (ours_raw, ours_read, ours_text) = netns::in_netns(&ours.0, || {
+            NftKernel.apply(&tx).expect("the netlink batch commits");
+            let raw: Vec<Raw> = IpFamily::ALL.iter().map(|f| raw_table(*f)).collect();
+            let text: Vec<Result<String, String>> = ["ip", "ip6"].map(nft_list).to_vec();
+            Ok((raw, NftKernel.read().unwrap(), text))
+        })
+        .unwrap();
+        let script = tx.to_nft();
+        let (nft_raw, nft_read, nft_text) = netns::in_netns(&theirs.0, || {
+            let out = dataplane::process::run("nft", &["-f", "-"], Some(&script)).unwrap();
+            assert!(out.success, "{what}: nft -f: {}", out.stderr);
+            let raw: Vec<Raw> = IpFamily::ALL.iter().map(|f| raw_table(*f)).collect();
+            let text: Vec<Result<String, String>> = ["ip", "ip6"].map(nft_list).to_vec();
+            Ok((raw, NftKernel.read().unwrap(), text))
+        })
+        .unwrap();
+        assert_eq!(ours_text, nft_text, "{what}: nft lists them alike");
+        assert!(ours_text.iter().all(Result::is_ok), "{what}: {ours_text:?}");
+        assert_eq!(
+            ours_read, nft_read,
+            "{what}: the netlink reader reads them alike"
+        );
+        for (o, n) in ours_raw.iter().zip(&nft_raw) {
+            assert_eq!(o.chains, n.chains, "{what}: chains");
+            assert_eq!(
+                o.sets.keys().collect::<Vec<_>>(),
+                n.sets.keys().collect::<Vec<_>>(),
+                "{what}: sets"
+            );
+            for (set, attrs) in &n.sets {
+                assert_eq!(&o.sets[set], attrs, "{what}: set {set}");
+            }
+            for (chain, rules) in &n.rules {
+                assert_eq!(&o.rules[chain], rules, "{what}: rules of {chain}");
+            }
+            assert_eq!(o.rules.len(), n.rules.len(), "{what}: chains with rules");
+        }
+    }
+}
+
+/// nft 1.0.6 aborts on an IPv6 session-affinity chain (its register allocator runs out on
+/// the 40-byte key: `netlink_gen_expr: Assertion 'dreg < ctx->reg_low' failed`), which
+/// failed the whole sync of a dual-stack node with one such service. The kernel itself
+/// takes it: written over netlink, it reads back as written.
+#[test]
+fn ipv6_session_affinity_is_written_where_nft_could_not() {
+    let Some(guard) = Namespace::create("affinity6") else {
+        return;
+    };
+    let mut snap = snapshot();
+    let v6 = ServicePortName::new("bench", "web6", "https", Protocol::Tcp);
+    snap.services
+        .get_mut(&(v6, IpFamily::V6))
+        .unwrap()
+        .session_affinity = SessionAffinity::ClientIp {
+        timeout_seconds: 10800,
+    };
+    let tx = NftBackend::<NftKernel>::render(&snap);
+    assert!(tx.to_nft().contains("ip6 saddr . ct original ip6 daddr"));
+    let kernel = netns::in_netns(&guard.0, || {
+        NftKernel.apply(&tx).expect("the batch commits");
+        Ok(NftKernel.read().unwrap())
+    })
+    .unwrap();
+    let (want, _) = plan::desired(&snap, &Ruleset::default());
+    let left = diff(&kernel, &want, false);
+    assert!(left.is_empty(), "still to do:\n{}", left.to_nft());
+    assert!(kernel
+        .table(IpFamily::V6)
+        .unwrap()
+        .chains
+        .contains_key("affinity-10800"));
 }

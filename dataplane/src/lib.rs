@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod conntrack;
+pub mod fault;
 pub mod frontends;
 pub mod iptables;
 pub mod ipvs;

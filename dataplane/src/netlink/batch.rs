@@ -84,6 +84,12 @@ impl Batch {
         what: &str,
         about: &dyn Fn(usize) -> String,
     ) -> Result<(), NetlinkError> {
+        if let Some(errno) = crate::fault::injected("nf_tables-batch") {
+            return Err(NetlinkError::Kernel {
+                op: format!("{what} (injected by SWITCHYARD_FAULTS)"),
+                errno,
+            });
+        }
         let end = seq_of(self.count);
         marker(&mut self.buf, NFNL_MSG_BATCH_END, end);
         let mut socket = Socket::open(NETLINK_NETFILTER, "nfnetlink")?;

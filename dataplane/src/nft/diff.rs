@@ -1,8 +1,10 @@
-//! A transaction: the ordered operations that turn one ruleset into another, as nft text.
+//! A transaction: the ordered operations that turn one ruleset into another, each rule and
+//! element in nft's text syntax.
 //!
-//! Builders never fail; nft validates when the transaction runs, and the whole file is one
-//! atomic commit (`nft -f -`). The text syntax is used because nft 1.0.6's JSON input
-//! mishandles concatenated map values (see ARCHITECTURE.md).
+//! Builders never fail; `wire` encodes the operations as one netlink batch, which the kernel
+//! validates and commits atomically. The text is also what `render` prints and what the
+//! tests feed nft (whose JSON input mishandles concatenated map values, see
+//! ARCHITECTURE.md).
 
 use super::ownership::Touched;
 use super::skeleton::BACKEND_MAPS;

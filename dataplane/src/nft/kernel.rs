@@ -1,10 +1,12 @@
-//! The only I/O of the nftables backend: running `nft`, behind a trait with a fake twin.
+//! The only I/O of the nftables backend: nf_tables over netlink, behind a trait with a fake
+//! twin.
 
 use super::diff::{apply, Op, Transaction};
 use super::listing::{parse_table, ListingError};
 use super::netlink::Reader;
 use super::skeleton::MAP_AFFINITY;
 use super::tables::{family_name, Ruleset, TABLE};
+use super::wire::{CommitError, EncodeError};
 use crate::backend::{BackendError, Subscribe, WaitForChange};
 use crate::model::IpFamily;
 use crate::netlink::NetlinkError;
@@ -18,8 +20,8 @@ pub enum NftError {
         program: String,
         source: std::io::Error,
     },
-    #[error("nft rejected the transaction ({ops} operations): {stderr}")]
-    Rejected { ops: usize, stderr: String },
+    #[error("the kernel refused the transaction ({ops} operations): {reason}")]
+    Rejected { ops: usize, reason: String },
     #[error("nft list table {family} {TABLE} failed: {stderr}")]
     List {
         family: &'static str,
@@ -29,6 +31,8 @@ pub enum NftError {
     Listing(#[from] ListingError),
     #[error(transparent)]
     Netlink(#[from] NetlinkError),
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
     #[error("fake nft refused the transaction: {0}")]
     Fake(String),
     #[error("{family} table: {source} (the other family's table was programmed)")]
@@ -36,6 +40,15 @@ pub enum NftError {
         family: IpFamily,
         source: Box<NftError>,
     },
+}
+
+impl From<CommitError> for NftError {
+    fn from(e: CommitError) -> NftError {
+        match e {
+            CommitError::Encode(e) => NftError::Encode(e),
+            CommitError::Netlink(e) => NftError::Netlink(e),
+        }
+    }
 }
 
 impl From<NftError> for BackendError {
@@ -110,67 +123,53 @@ pub fn next_generation(g: u32) -> u32 {
     }
 }
 
-/// The real executor: the `nft` command.
-#[derive(Debug, Clone)]
-pub struct NftCommand {
-    pub program: String,
-    /// Commit element-only transactions as netlink batches instead of running `nft`.
-    pub netlink_batches: bool,
-}
+/// The real executor: nf_tables over netlink, reads and writes alike; no `nft` process.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NftKernel;
 
-impl Default for NftCommand {
-    fn default() -> Self {
-        NftCommand {
-            program: "nft".into(),
-            netlink_batches: true,
-        }
-    }
-}
-
-impl NftCommand {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<(bool, String, String), NftError> {
-        let out =
-            crate::process::run(&self.program, args, stdin).map_err(|source| NftError::Spawn {
-                program: self.program.clone(),
-                source,
-            })?;
-        Ok((out.success, out.stdout, out.stderr))
-    }
-}
-
-impl NftCommand {
+impl NftKernel {
     /// Delete another program's table (kube-proxy's `kube-proxy` tables on a node moving to
     /// Switchyard); `Ok(false)` when there is none.
     pub fn delete_foreign_table(&mut self, family: IpFamily, name: &str) -> Result<bool, NftError> {
-        let fam = family_name(family);
-        let (ok, _, stderr) = self.run(&["delete", "table", fam, name], None)?;
-        match (ok, stderr.contains("No such file or directory")) {
-            (true, _) => Ok(true),
-            (false, true) => Ok(false),
-            (false, false) => Err(NftError::Rejected { ops: 1, stderr }),
+        let mut batch = crate::netlink::Batch::new();
+        batch.push(
+            crate::netlink::NFT_MSG_DELTABLE,
+            0,
+            crate::netlink::nfproto(family),
+            |a| a.str(crate::netlink::NFTA_TABLE_NAME, name),
+        );
+        let what = format!("deleting table {} {name}", family_name(family));
+        match batch.commit(&what, &|_| String::new()) {
+            Ok(()) => Ok(true),
+            Err(NetlinkError::Kernel { errno: 2, .. }) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
+}
 
-    /// Our tables as `nft -j list table` shows them: the slow reference reader, kept to
-    /// check the netlink one against.
-    pub fn read_json(&mut self) -> Result<Ruleset, NftError> {
-        let mut rs = Ruleset::default();
-        for family in IpFamily::ALL {
-            let fam = family_name(family);
-            let (ok, stdout, stderr) = self.run(&["-j", "list", "table", fam, TABLE], None)?;
-            if !ok {
-                if stderr.contains("No such file or directory") {
-                    continue;
-                }
-                return Err(NftError::List {
-                    family: fam,
-                    stderr,
-                });
+/// Our tables as `nft -j list table` shows them, `program` being nft: the slow, independent
+/// reader the tests check the netlink reader and writer against. Never used in a sync.
+pub fn read_with_nft(program: &str) -> Result<Ruleset, NftError> {
+    let mut rs = Ruleset::default();
+    for family in IpFamily::ALL {
+        let fam = family_name(family);
+        let out = crate::process::run(program, &["-j", "list", "table", fam, TABLE], None)
+            .map_err(|source| NftError::Spawn {
+                program: program.to_string(),
+                source,
+            })?;
+        if !out.success {
+            if out.stderr.contains("No such file or directory") {
+                continue;
             }
-            rs.tables.insert(family, parse_table(&stdout)?);
+            return Err(NftError::List {
+                family: fam,
+                stderr: out.stderr,
+            });
         }
-        Ok(rs)
+        rs.tables.insert(family, parse_table(&out.stdout)?);
     }
+    Ok(rs)
 }
 
 /// Our tables as the kernel holds them, over nfnetlink, from the calling thread's network
@@ -190,7 +189,7 @@ pub fn read_kernel() -> Result<(Ruleset, Option<u32>), NftError> {
     Ok((rs, (before == after).then_some(after)))
 }
 
-impl NftExecutor for NftCommand {
+impl NftExecutor for NftKernel {
     fn read(&mut self) -> Result<Ruleset, NftError> {
         // Our syncs do not run concurrently with this read; see [`NftBackend`] for the
         // generation check that covers everyone else's commits.
@@ -236,14 +235,7 @@ impl NftExecutor for NftCommand {
                     keys: keys.to_vec(),
                 }],
             };
-            match super::batch::try_commit(&tx) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(NftError::Netlink(NetlinkError::Malformed {
-                    op: "nfnetlink affinity delete".into(),
-                    detail: format!("cannot encode {keys:?}"),
-                })),
-                Err(e) => Err(NftError::Netlink(e)),
-            }
+            super::wire::commit(&tx).map_err(NftError::from)
         };
         if keys.is_empty() || delete(keys).is_ok() {
             return Ok(());
@@ -260,31 +252,13 @@ impl NftExecutor for NftCommand {
     }
 
     fn apply(&mut self, tx: &Transaction) -> Result<(), NftError> {
-        if self.netlink_batches && super::batch::try_commit(tx)? {
-            return Ok(());
-        }
-        let text = tx.to_nft();
-        // The whole input is in a file before nft starts: a process killed while writing
-        // leaves nft unstarted, where a pipe would hand nft a shorter input that it might
-        // commit in part (when the cut falls between two statements).
-        let (ok, _, stderr) = match InputFile::write(&text) {
-            Ok(file) => self.run(&["-f", file.path_str()], None)?,
-            Err(e) => {
-                tracing::warn!(
-                    "nft input file in {}: {e}; piping it instead",
-                    std::env::temp_dir().display()
-                );
-                self.run(&["-f", "-"], Some(&text))?
-            }
-        };
-        if ok {
-            Ok(())
-        } else {
-            Err(NftError::Rejected {
+        super::wire::commit(tx).map_err(|e| match e {
+            CommitError::Encode(e) => NftError::Encode(e),
+            CommitError::Netlink(e) => NftError::Rejected {
                 ops: tx.ops.len(),
-                stderr,
-            })
-        }
+                reason: e.to_string(),
+            },
+        })
     }
 }
 
@@ -336,61 +310,5 @@ impl NftExecutor for FakeNft {
     fn background_read(&self) -> Option<BackgroundRead> {
         let (state, generation) = (self.state.clone(), self.generation);
         Some(Box::new(move || Ok((state, Some(generation)))))
-    }
-}
-
-/// nft's input, written whole to a new file in the temporary directory, removed on drop.
-struct InputFile(std::path::PathBuf);
-
-impl InputFile {
-    fn write(text: &str) -> std::io::Result<InputFile> {
-        use std::io::Write;
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "switchyard-nft-{}-{}.nft",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        if path.to_str().is_none() {
-            return Err(std::io::Error::other(
-                "the temporary directory's path is not UTF-8",
-            ));
-        }
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)?;
-        let file = InputFile(path);
-        f.write_all(text.as_bytes())?;
-        Ok(file)
-    }
-
-    /// Checked to be UTF-8 when written.
-    fn path_str(&self) -> &str {
-        self.0.to_str().unwrap_or_default()
-    }
-}
-
-impl Drop for InputFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::InputFile;
-
-    #[test]
-    fn nft_input_is_a_whole_file_that_goes_away_after() {
-        let text = "add table ip t\nadd chain ip t c\n".repeat(1000);
-        let file = InputFile::write(&text).unwrap();
-        let path = std::path::PathBuf::from(file.path_str());
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
-        let second = InputFile::write("x").unwrap();
-        assert_ne!(second.path_str(), file.path_str(), "each input a new file");
-        drop(file);
-        assert!(!path.exists());
     }
 }

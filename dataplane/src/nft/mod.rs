@@ -1,8 +1,8 @@
 //! The nftables backend: `plan` (the desired tables, pure), `diff` (the transaction that
-//! moves the kernel there, pure) and `kernel` (`nft` and the netlink reads).
+//! moves the kernel there, pure), `wire` (that transaction as one nf_tables netlink batch)
+//! and `kernel` (the netlink reads and the commit).
 
 pub mod affinity;
-pub mod batch;
 pub mod commits;
 pub mod diff;
 pub mod kernel;
@@ -13,6 +13,7 @@ pub mod plan;
 pub mod skeleton;
 pub mod tables;
 pub mod verify;
+pub mod wire;
 
 use crate::backend::{
     Backend, BackendError, CheckResult, FailureCounter, ReadJob, Readback, Scope, ServiceKey,

@@ -6,7 +6,7 @@
 //! nft's JSON, so this module asks for the four dumps it needs (sets, their elements, chains,
 //! rules) itself, over [`crate::netlink`], and decodes elements into the same canonical text
 //! as [`super::listing`] (checked against it on a real kernel in `tests/kernel_listing.rs`).
-//! Element-only writes go as netlink batches ([`super::batch`]), the rest through `nft -f`.
+//! Writes go as netlink batches too ([`super::wire`]).
 
 use super::skeleton::*;
 use super::tables::{family_name, Chain, Set, Table, TABLE};
