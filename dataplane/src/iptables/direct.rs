@@ -16,6 +16,7 @@
 use super::plan::TableName;
 use super::rule_parse::{parse, Addr, Match, Rule, Target};
 use crate::model::IpFamily;
+use crate::netlink::expr::{Expressions, Verdict};
 use crate::netlink::*;
 
 /// Why a direct write failed.
@@ -27,66 +28,10 @@ pub enum DirectError {
     Netlink(#[from] NetlinkError),
 }
 
-/// The expressions iptables-nft writes, on [`Attrs`].
-trait Expressions {
-    /// One expression: NFTA_LIST_ELEM { NFTA_EXPR_NAME, NFTA_EXPR_DATA { .. } }.
-    fn expr(&mut self, name: &str, f: impl FnOnce(&mut Attrs<'_>));
-    fn payload(&mut self, base: u32, offset: u32, len: u32);
-    fn cmp(&mut self, op: u32, value: &[u8]);
-    fn xt(&mut self, kind: &str, name: &str, rev: u32, info: &[u8]);
-    fn addr(&mut self, offset: u32, a: Addr);
-}
-
-impl Expressions for Attrs<'_> {
-    fn expr(&mut self, name: &str, f: impl FnOnce(&mut Attrs<'_>)) {
-        self.nest(NFTA_LIST_ELEM, |e| {
-            e.str(NFTA_EXPR_NAME, name);
-            e.nest(NFTA_EXPR_DATA, f);
-        });
-    }
-    fn payload(&mut self, base: u32, offset: u32, len: u32) {
-        self.expr("payload", |a| {
-            a.be32(NFTA_PAYLOAD_DREG, NFT_REG_1);
-            a.be32(NFTA_PAYLOAD_BASE, base);
-            a.be32(NFTA_PAYLOAD_OFFSET, offset);
-            a.be32(NFTA_PAYLOAD_LEN, len);
-        });
-    }
-    fn cmp(&mut self, op: u32, value: &[u8]) {
-        self.expr("cmp", |a| {
-            a.be32(NFTA_CMP_SREG, NFT_REG_1);
-            a.be32(NFTA_CMP_OP, op);
-            a.nest(NFTA_CMP_DATA, |d| d.put(NFTA_DATA_VALUE, value));
-        });
-    }
-    fn xt(&mut self, kind: &str, name: &str, rev: u32, info: &[u8]) {
-        self.expr(kind, |a| {
-            a.str(NFTA_XT_NAME, name);
-            a.be32(NFTA_XT_REV, rev);
-            a.put(NFTA_XT_INFO, info);
-        });
-    }
-    fn addr(&mut self, offset: u32, a: Addr) {
-        let op = if a.negated { NFT_CMP_NEQ } else { NFT_CMP_EQ };
-        let octets = a.ip.octets();
-        if a.prefix.is_multiple_of(8) {
-            let n = usize::from(a.prefix / 8);
-            self.payload(NFT_PAYLOAD_NETWORK_HEADER, offset, n as u32);
-            self.cmp(op, &octets[..n]);
-        } else {
-            let mask = (u32::MAX << (32 - u32::from(a.prefix))).to_be_bytes();
-            self.payload(NFT_PAYLOAD_NETWORK_HEADER, offset, 4);
-            self.expr("bitwise", |b| {
-                b.be32(NFTA_BITWISE_SREG, NFT_REG_1);
-                b.be32(NFTA_BITWISE_DREG, NFT_REG_1);
-                b.be32(NFTA_BITWISE_LEN, 4);
-                b.nest(NFTA_BITWISE_MASK, |d| d.put(NFTA_DATA_VALUE, &mask));
-                b.nest(NFTA_BITWISE_XOR, |d| d.put(NFTA_DATA_VALUE, &[0; 4]));
-            });
-            let masked: Vec<u8> = octets.iter().zip(mask).map(|(o, m)| o & m).collect();
-            self.cmp(op, &masked);
-        }
-    }
+/// An IPv4 address match as iptables-nft writes it, at `offset` of the network header.
+fn addr(e: &mut Attrs<'_>, offset: u32, a: Addr) {
+    let op = if a.negated { NFT_CMP_NEQ } else { NFT_CMP_EQ };
+    e.prefix_match(offset, &a.ip.octets(), u32::from(a.prefix), op);
 }
 
 fn xt_ports() -> [u8; 16] {
@@ -217,17 +162,14 @@ impl Batch {
 /// counter, the target.
 fn expressions(e: &mut Attrs<'_>, r: &Rule<'_>) {
     if let Some(p) = r.proto {
-        e.expr("meta", |a| {
-            a.be32(NFTA_META_KEY, NFT_META_L4PROTO);
-            a.be32(NFTA_META_DREG, NFT_REG_1);
-        });
-        e.cmp(NFT_CMP_EQ, &[p]);
+        e.meta(NFT_META_L4PROTO, NFT_REG_1);
+        e.cmp(NFT_REG_1, NFT_CMP_EQ, &[p]);
     }
     if let Some(s) = r.src {
-        e.addr(12, s);
+        addr(e, 12, s);
     }
     if let Some(d) = r.dst {
-        e.addr(16, d);
+        addr(e, 16, d);
     }
     for m in &r.matches {
         match m {
@@ -235,8 +177,8 @@ fn expressions(e: &mut Attrs<'_>, r: &Rule<'_>) {
                 dport: Some(port), ..
             } => {
                 // The destination port: two bytes at offset 2 of the transport header.
-                e.payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
-                e.cmp(NFT_CMP_EQ, &port.to_be_bytes());
+                e.payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, NFT_REG_1);
+                e.cmp(NFT_REG_1, NFT_CMP_EQ, &port.to_be_bytes());
             }
             Match::Port { name, dport: None } => e.xt("match", name, 0, &xt_ports()),
             Match::Comment(c) => {
@@ -260,15 +202,7 @@ fn expressions(e: &mut Attrs<'_>, r: &Rule<'_>) {
         a.put(NFTA_COUNTER_PACKETS, &0u64.to_be_bytes());
     });
     match r.target {
-        Target::Jump(chain) => e.expr("immediate", |a| {
-            a.be32(NFTA_IMMEDIATE_DREG, NFT_REG_VERDICT);
-            a.nest(NFTA_IMMEDIATE_DATA, |d| {
-                d.nest(NFTA_DATA_VERDICT, |v| {
-                    v.be32(NFTA_VERDICT_CODE, NFT_JUMP as u32);
-                    v.str(NFTA_VERDICT_CHAIN, chain);
-                })
-            });
-        }),
+        Target::Jump(chain) => e.verdict(Verdict::Jump(chain)),
         Target::Dnat(ip, port) => {
             // nf_nat_range2: flags (MAP_IPS | PROTO_SPECIFIED), the address range, the
             // port range and a base port, padded to 48.

@@ -20,6 +20,7 @@
 mod attr;
 mod batch;
 mod consts;
+pub mod expr;
 mod socket;
 
 pub use attr::{

@@ -63,7 +63,7 @@ pub(in crate::nft) fn encode_fields(
 
 /// The NFTA_SET_ELEM_DATA payload of a map value.
 fn encode_value(text: &str, layout: &Fields) -> Option<Vec<u8>> {
-    use super::expr::{verdict_data, Verdict};
+    use crate::netlink::expr::{verdict_data, Verdict};
     let verdict = match text.split_once(' ') {
         None if text == "drop" => Some(Verdict::Drop),
         None if text == "accept" => Some(Verdict::Accept),

@@ -8,7 +8,6 @@
 //! `tx-anchor` chain) and the seconds its evaluation took on a cold 10k-service load.
 
 pub mod elements;
-pub mod expr;
 pub mod rule;
 pub mod set;
 

@@ -4,9 +4,9 @@
 //! The grammar is closed: only the statements [`super::super::skeleton`] writes. A rule
 //! outside it is an error naming the rule, never a guess.
 
-use super::expr::{Expressions, Verdict};
 use super::{Anonymous, Context};
 use crate::model::IpFamily;
+use crate::netlink::expr::{Expressions, Verdict};
 use crate::netlink::*;
 use ipnetwork::IpNetwork;
 use std::net::IpAddr;
@@ -483,35 +483,13 @@ impl<'r> Parser<'r, '_> {
         }
     }
 
-    /// As nft: a prefix on a byte boundary compares only its bytes; any other masks the
-    /// whole address first.
     fn compare_prefix(&mut self, offset: u32, net: IpNetwork, op: u32) {
         let bytes = match net.network() {
             IpAddr::V4(a) => a.octets().to_vec(),
             IpAddr::V6(a) => a.octets().to_vec(),
         };
-        let prefix = u32::from(net.prefix());
-        let mut e = self.e();
-        if prefix.is_multiple_of(8) {
-            let n = (prefix / 8) as usize;
-            e.payload(NFT_PAYLOAD_NETWORK_HEADER, offset, n as u32, NFT_REG_1);
-            e.cmp(NFT_REG_1, op, &bytes[..n]);
-        } else {
-            let mask: Vec<u8> = (0..bytes.len() as u32)
-                .map(|i| {
-                    let bits = prefix.saturating_sub(i * 8).min(8);
-                    (0xffu16 << (8 - bits)) as u8
-                })
-                .collect();
-            e.payload(
-                NFT_PAYLOAD_NETWORK_HEADER,
-                offset,
-                bytes.len() as u32,
-                NFT_REG_1,
-            );
-            e.bitwise(NFT_REG_1, &mask, &vec![0; bytes.len()]);
-            e.cmp(NFT_REG_1, op, &bytes);
-        }
+        self.e()
+            .prefix_match(offset, &bytes, u32::from(net.prefix()), op);
     }
 }
 

@@ -1,8 +1,10 @@
-//! The nf_tables expressions our rules are made of, each written as one NFTA_LIST_ELEM of
-//! a rule's NFTA_RULE_EXPRESSIONS.
+//! The nf_tables expressions rules are made of, each written as one NFTA_LIST_ELEM of a
+//! rule's NFTA_RULE_EXPRESSIONS: nftables mode's rules (`nft::wire`) and iptables-nft's
+//! native matches (`iptables::direct`) alike.
 
+use super::attr::Attrs;
+use super::consts::*;
 use crate::model::IpFamily;
-use crate::netlink::*;
 
 /// A verdict, as an immediate or a map value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +53,29 @@ pub trait Expressions {
     fn dnat(&mut self, family: IpFamily, addr: u32, proto: u32);
     fn numgen(&mut self, modulus: u32, dreg: u32);
     fn dynset_update(&mut self, set: &str, key: u32, data: u32, timeout_ms: u64);
+    fn xt(&mut self, kind: &str, name: &str, rev: u32, info: &[u8]);
+    /// `address [!=] network/prefix` on the address at `offset` of the network header, as
+    /// nft and iptables-nft write it: a prefix on a byte boundary compares only its bytes;
+    /// any other masks the whole address first.
+    fn prefix_match(&mut self, offset: u32, network: &[u8], prefix: u32, op: u32) {
+        if prefix.is_multiple_of(8) {
+            let n = (prefix / 8) as usize;
+            self.payload(NFT_PAYLOAD_NETWORK_HEADER, offset, n as u32, NFT_REG_1);
+            self.cmp(NFT_REG_1, op, &network[..n]);
+        } else {
+            let mask: Vec<u8> = (0..network.len() as u32)
+                .map(|i| {
+                    let bits = prefix.saturating_sub(i * 8).min(8);
+                    (0xffu16 << (8 - bits)) as u8
+                })
+                .collect();
+            let masked: Vec<u8> = network.iter().zip(&mask).map(|(b, m)| b & m).collect();
+            let len = network.len() as u32;
+            self.payload(NFT_PAYLOAD_NETWORK_HEADER, offset, len, NFT_REG_1);
+            self.bitwise(NFT_REG_1, &mask, &vec![0; network.len()]);
+            self.cmp(NFT_REG_1, op, &masked);
+        }
+    }
 }
 
 impl Expressions for Attrs<'_> {
@@ -174,6 +199,13 @@ impl Expressions for Attrs<'_> {
             a.be32(NFTA_DYNSET_SREG_KEY, key);
             a.be32(NFTA_DYNSET_SREG_DATA, data);
             a.put(NFTA_DYNSET_TIMEOUT, &timeout_ms.to_be_bytes());
+        });
+    }
+    fn xt(&mut self, kind: &str, name: &str, rev: u32, info: &[u8]) {
+        self.expr(kind, |a| {
+            a.str(NFTA_XT_NAME, name);
+            a.be32(NFTA_XT_REV, rev);
+            a.put(NFTA_XT_INFO, info);
         });
     }
 }
