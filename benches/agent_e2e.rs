@@ -1,7 +1,7 @@
 //! The agent end to end: the fixture API server holds 10k services x 10 endpoints, a
 //! `switchyard run` in a network namespace of its own watches it, and endpoint changes
 //! arrive at a steady rate. Reports the agent's event-to-kernel latency (p50, p99, from its
-//! `switchyard_event_to_kernel_seconds` histogram), its syncs and its CPU share.
+//! `switchyard_event_to_kernel_seconds` histogram), its syncs, its CPU share and its RSS.
 //!
 //! Run: `cargo bench --bench agent_e2e` as root. Knobs: SY_BENCH_SERVICES (10000),
 //! SY_BENCH_RATE changes per second (100), SY_BENCH_SECONDS (60), SY_BENCH_MIN_SYNC (1ms),
@@ -81,6 +81,22 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
+/// A `/proc/<pid>/status` size in MiB: `VmRSS` now, `VmHWM` the peak.
+fn status_mib(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         println!("agent_e2e: run with `cargo bench --bench agent_e2e`");
@@ -147,6 +163,7 @@ fn main() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let cold = started.elapsed();
+    let rss_first = status_mib(agent.id(), "VmRSS:");
     let before = scrape(&ns);
     let cpu0 = cpu_seconds(agent.id());
     let t0 = Instant::now();
@@ -190,6 +207,10 @@ fn main() {
     }
     std::thread::sleep(Duration::from_secs(2));
     let cpu = cpu_seconds(agent.id()) - cpu0;
+    let (rss_end, rss_peak) = (
+        status_mib(agent.id(), "VmRSS:"),
+        status_mib(agent.id(), "VmHWM:"),
+    );
     let after = scrape(&ns);
     let _ = agent.kill();
     let _ = agent.wait();
@@ -241,6 +262,9 @@ fn main() {
     println!(
         "  first sync after start (initial lists + full sync): {:.2} s",
         cold.as_secs_f64()
+    );
+    println!(
+        "  agent RSS: {rss_first:.0} MiB after the first sync, {rss_end:.0} MiB after {total} changes, peak {rss_peak:.0} MiB"
     );
     println!(
         "  event to kernel: p50 {:.1} ms, p99 {:.1} ms over {} changes",

@@ -100,7 +100,7 @@ fn ipvs(services: usize, changes: usize) {
 
 fn nftables_reference(services: usize, changes: usize) {
     let mut snap = synth::cluster(services, 10);
-    let mut be = NftBackend::new(NftKernel);
+    let mut be = NftBackend::new(NftKernel::default());
     let t = Instant::now();
     be.sync(&snap, Scope::AllServices).expect("cold sync");
     let cold = t.elapsed();

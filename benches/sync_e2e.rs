@@ -60,7 +60,7 @@ fn cold_from_manifests(services: usize, out: &mut String) {
 fn one_change(services: usize, changes: usize, out: &mut String) {
     let mut snap = synth::cluster(services, 10);
     let mut be = NftBackend::new(Timed {
-        inner: NftKernel,
+        inner: NftKernel::default(),
         applies: Vec::new(),
     });
     let t = Instant::now();

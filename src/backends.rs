@@ -17,7 +17,7 @@ pub fn for_mode(cfg: &ProxyConfig) -> Result<Box<dyn Backend>, BackendError> {
             cfg.iptables_backend,
         ))),
         ProxyMode::Ipvs => Box::new(ipvs_backend(cfg)?),
-        ProxyMode::Nftables => Box::new(NftBackend::new(NftKernel)),
+        ProxyMode::Nftables => Box::new(NftBackend::new(NftKernel::default())),
     })
 }
 

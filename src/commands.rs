@@ -464,7 +464,7 @@ fn cleanup(args: &CleanupArgs) -> Result<(), CommandError> {
     };
     let variant = config::parse_iptables_backend("command line", &args.iptables_backend)?;
     if mode.is_none_or(|m| m == ProxyMode::Nftables) {
-        let mut backend = NftBackend::new(NftKernel);
+        let mut backend = NftBackend::new(NftKernel::default());
         let removed = backend.cleanup()?;
         println!("cleanup: removed {removed} switchyard nftables tables");
     }

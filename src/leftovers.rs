@@ -31,7 +31,7 @@ impl Removed {
 /// kube-proxy's nftables mode: its `kube-proxy` tables.
 pub fn kube_proxy_nftables() -> Removed {
     let mut r = Removed::default();
-    let mut nft = NftKernel;
+    let mut nft = NftKernel::default();
     for family in IpFamily::ALL {
         match nft.delete_foreign_table(family, "kube-proxy") {
             Ok(true) => r
@@ -47,7 +47,7 @@ pub fn kube_proxy_nftables() -> Removed {
 /// Switchyard's own nftables tables (nftables mode's).
 pub fn switchyard_nftables() -> Removed {
     let mut r = Removed::default();
-    match NftBackend::new(NftKernel).cleanup() {
+    match NftBackend::new(NftKernel::default()).cleanup() {
         Ok(0) => {}
         Ok(n) => r
             .done

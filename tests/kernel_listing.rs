@@ -106,7 +106,7 @@ fn netlink_reads_what_nft_lists_and_what_was_written() {
     let ns = guard.0.clone();
     let snap = snapshot();
     let (via_netlink, via_json, empty) = netns::in_netns(&ns, || {
-        let mut nft = NftKernel;
+        let mut nft = NftKernel::default();
         let empty = nft.read().expect("netlink read of an empty kernel");
         nft.apply(&NftBackend::<NftKernel>::render(&snap))
             .expect("programming the table");
@@ -218,7 +218,7 @@ fn no_dnat_rule_gets_a_hidden_tcp_match() {
             .collect(),
     );
     netns::in_netns(&ns, || {
-        let mut nft = NftKernel;
+        let mut nft = NftKernel::default();
         nft.apply(&NftBackend::<NftKernel>::render(&before))
             .expect("programming the table");
         for family in ["ip", "ip6"] {
@@ -263,7 +263,7 @@ fn element_batches_commit_exactly_or_not_at_all() {
     let dns = ServicePortName::new("bench", "dns", "dns", Protocol::Udp);
     after.endpoints.get_mut(&dns).unwrap()[0].ip = ip("10.9.0.54");
     netns::in_netns(&ns, || {
-        let mut nft = NftKernel;
+        let mut nft = NftKernel::default();
         nft.apply(&NftBackend::<NftKernel>::render(&before))
             .expect("programming the table");
         let kernel = nft.read().expect("read");
@@ -323,7 +323,7 @@ fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
                 .unwrap();
             assert!(out.status.success(), "nft {args:?}: {out:?}");
         };
-        let mut be = NftBackend::new(NftKernel);
+        let mut be = NftBackend::new(NftKernel::default());
         let r = be.sync(&before, Scope::RepairAll).expect("first sync");
         assert!(r.stats.operations() > 10, "{}", r.summary());
         assert!(be.kernel_unchanged(), "read, then one commit");
@@ -407,11 +407,11 @@ fn one_family_refused_leaves_the_other_programmed() {
     let ns = guard.0.clone();
     let (err, kernel) = netns::in_netns(&ns, move || {
         use dataplane::backend::Backend;
-        let mut be = NftBackend::new(NoIpv6(NftKernel));
+        let mut be = NftBackend::new(NoIpv6(NftKernel::default()));
         let err = be
             .sync(&snap, dataplane::backend::Scope::AllServices)
             .unwrap_err();
-        Ok((err.to_string(), NftKernel.read().unwrap()))
+        Ok((err.to_string(), NftKernel::default().read().unwrap()))
     })
     .unwrap();
     assert!(
@@ -575,10 +575,10 @@ fn netlink_writes_what_nft_writes() {
         let ours = Namespace::create("wire-ours").expect("namespaces here");
         let theirs = Namespace::create("wire-nft").expect("namespaces here");
         let (ours_raw, ours_read, ours_text) = netns::in_netns(&ours.0, || {
-            NftKernel.apply(&tx).expect("the netlink batch commits");
+            NftKernel::default().apply(&tx).expect("the netlink batch commits");
             let raw: Vec<Raw> = IpFamily::ALL.iter().map(|f| raw_table(*f)).collect();
             let text: Vec<Result<String, String>> = ["ip", "ip6"].map(nft_list).to_vec();
-            Ok((raw, NftKernel.read().unwrap(), text))
+            Ok((raw, NftKernel::default().read().unwrap(), text))
         })
         .unwrap();
         let script = tx.to_nft();
@@ -587,7 +587,7 @@ fn netlink_writes_what_nft_writes() {
             assert!(out.success, "{what}: nft -f: {}", out.stderr);
             let raw: Vec<Raw> = IpFamily::ALL.iter().map(|f| raw_table(*f)).collect();
             let text: Vec<Result<String, String>> = ["ip", "ip6"].map(nft_list).to_vec();
-            Ok((raw, NftKernel.read().unwrap(), text))
+            Ok((raw, NftKernel::default().read().unwrap(), text))
         })
         .unwrap();
         assert_eq!(ours_text, nft_text, "{what}: nft lists them alike");
@@ -634,8 +634,8 @@ fn ipv6_session_affinity_is_written_where_nft_could_not() {
     let tx = NftBackend::<NftKernel>::render(&snap);
     assert!(tx.to_nft().contains("ip6 saddr . ct original ip6 daddr"));
     let kernel = netns::in_netns(&guard.0, || {
-        NftKernel.apply(&tx).expect("the batch commits");
-        Ok(NftKernel.read().unwrap())
+        NftKernel::default().apply(&tx).expect("the batch commits");
+        Ok(NftKernel::default().read().unwrap())
     })
     .unwrap();
     let (want, _) = plan::desired(&snap, &Ruleset::default());

@@ -124,10 +124,47 @@ pub fn next_generation(g: u32) -> u32 {
 }
 
 /// The real executor: nf_tables over netlink, reads and writes alike; no `nft` process.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NftKernel;
+/// Commits go through one socket kept open (see [`crate::netlink::Batch::commit_on`]), in
+/// the network namespace of the thread that made the first commit.
+#[derive(Default)]
+pub struct NftKernel {
+    socket: Option<crate::netlink::Socket>,
+}
+
+impl std::fmt::Debug for NftKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NftKernel::default()")
+            .field("socket_open", &self.socket.is_some())
+            .finish()
+    }
+}
 
 impl NftKernel {
+    /// The kept socket, opened first if need be.
+    fn socket(&mut self) -> Result<&mut crate::netlink::Socket, NetlinkError> {
+        if self.socket.is_none() {
+            self.socket = Some(crate::netlink::Socket::open(
+                crate::netlink::NETLINK_NETFILTER,
+                "nfnetlink",
+            )?);
+        }
+        self.socket
+            .as_mut()
+            .ok_or_else(|| NetlinkError::Malformed {
+                op: "nfnetlink socket".into(),
+                detail: "not open".into(),
+            })
+    }
+
+    /// Commits `tx` on the kept socket; an error drops it.
+    fn commit(&mut self, tx: &Transaction) -> Result<(), CommitError> {
+        let result = super::wire::commit_on(tx, self.socket()?);
+        if result.is_err() {
+            self.socket = None;
+        }
+        result
+    }
+
     /// Delete another program's table (kube-proxy's `kube-proxy` tables on a node moving to
     /// Switchyard); `Ok(false)` when there is none.
     pub fn delete_foreign_table(&mut self, family: IpFamily, name: &str) -> Result<bool, NftError> {
@@ -197,7 +234,13 @@ impl NftExecutor for NftKernel {
     }
 
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
-        Ok(Some(Reader::open()?.generation()?))
+        // On the kept socket: asked after every commit, and a socket closed then would
+        // wait for that commit's clean-up.
+        let result = super::netlink::generation_on(self.socket()?);
+        if result.is_err() {
+            self.socket = None;
+        }
+        Ok(Some(result?))
     }
 
     fn background_read(&self) -> Option<BackgroundRead> {
@@ -227,7 +270,7 @@ impl NftExecutor for NftKernel {
     }
 
     fn forget(&mut self, family: IpFamily, keys: &[String]) -> Result<(), NftError> {
-        let delete = |keys: &[String]| {
+        let mut delete = |keys: &[String]| {
             let tx = Transaction {
                 ops: vec![Op::DeleteElements {
                     family,
@@ -235,7 +278,7 @@ impl NftExecutor for NftKernel {
                     keys: keys.to_vec(),
                 }],
             };
-            super::wire::commit(&tx).map_err(NftError::from)
+            self.commit(&tx).map_err(NftError::from)
         };
         if keys.is_empty() || delete(keys).is_ok() {
             return Ok(());
@@ -252,7 +295,7 @@ impl NftExecutor for NftKernel {
     }
 
     fn apply(&mut self, tx: &Transaction) -> Result<(), NftError> {
-        super::wire::commit(tx).map_err(|e| match e {
+        self.commit(tx).map_err(|e| match e {
             CommitError::Encode(e) => NftError::Encode(e),
             CommitError::Netlink(e) => NftError::Rejected {
                 ops: tx.ops.len(),

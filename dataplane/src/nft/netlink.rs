@@ -82,12 +82,7 @@ impl Reader {
     /// The ruleset generation: it changes with every commit, so equal values before and
     /// after a read mean the read is consistent.
     pub fn generation(&mut self) -> Result<u32, NetlinkError> {
-        let replies = self.request("generation", NFT_MSG_GETGEN, 0, 0, &[])?;
-        replies
-            .first()
-            .and_then(|b| find(b, NFTA_GEN_ID))
-            .and_then(be32)
-            .ok_or_else(|| self.socket.malformed("generation", "no generation id"))
+        generation_on(&mut self.socket)
     }
 
     /// Our table of `family` as the kernel holds it; `None` when there is none.
@@ -234,6 +229,17 @@ impl Reader {
                 .collect()
         })
     }
+}
+
+/// The ruleset generation, asked on `socket`.
+pub fn generation_on(socket: &mut Socket) -> Result<u32, NetlinkError> {
+    let request = Request::nfnl(NFNL_SUBSYS_NFTABLES, NFT_MSG_GETGEN, 0, 0, &[]);
+    let replies = socket.request("generation", &request)?;
+    replies
+        .first()
+        .and_then(|b| find(b, NFTA_GEN_ID))
+        .and_then(be32)
+        .ok_or_else(|| socket.malformed("generation", "no generation id"))
 }
 
 /// One field of a concatenated key or value; each takes a 4-byte-aligned register slot.

@@ -393,14 +393,20 @@ pub enum CommitError {
     Netlink(#[from] NetlinkError),
 }
 
-/// Commits `tx` as one batch, all or nothing.
+/// Commits `tx` as one batch, all or nothing, on a socket of its own.
 pub fn commit(tx: &Transaction) -> Result<(), CommitError> {
+    let mut socket = Socket::open(NETLINK_NETFILTER, "nfnetlink")?;
+    commit_on(tx, &mut socket)
+}
+
+/// Commits `tx` as one batch on `socket` (see [`Batch::commit_on`]).
+pub fn commit_on(tx: &Transaction, socket: &mut Socket) -> Result<(), CommitError> {
     let (batch, about) = encode(tx)?;
     if batch.is_empty() {
         return Ok(());
     }
     let what = format!("nftables batch of {} operations", tx.ops.len());
     let about = |i: usize| about.get(i).cloned().unwrap_or_default();
-    batch.commit(&what, &about)?;
+    batch.commit_on(socket, &what, &about)?;
     Ok(())
 }
