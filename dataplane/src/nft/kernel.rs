@@ -148,12 +148,10 @@ impl NftKernel {
                 "nfnetlink",
             )?);
         }
-        self.socket
-            .as_mut()
-            .ok_or_else(|| NetlinkError::Malformed {
-                op: "nfnetlink socket".into(),
-                detail: "not open".into(),
-            })
+        self.socket.as_mut().ok_or_else(|| NetlinkError::Malformed {
+            op: "nfnetlink socket".into(),
+            detail: "not open".into(),
+        })
     }
 
     /// Commits `tx` on the kept socket; an error drops it.
