@@ -190,7 +190,9 @@ async fn run_async(
     // and a cold 10k x 10 load then spent 5 of its 6 seconds in the kernel doing that
     // (perf: allocate_slab and __nlmsg_put). Until the first sync there is nothing of ours
     // to watch over, and what came before it is seen by its own read of the kernel (and
-    // anything between its commit and the subscription by the generation check).
+    // anything between its commit and the subscription by the generation check). Later
+    // commits take the listener out of the group while they run (`NftKernel`); this keeps
+    // the first one from racing the listener's start.
     let mut subscribe = backend.change_notifications();
     let mut commits_rx = watch_changes(None);
     let mut agent = Agent {

@@ -28,4 +28,4 @@ pub use attr::{
 };
 pub use batch::Batch;
 pub use consts::*;
-pub use socket::{message, nfgenmsg, Message, NetlinkError, Request, Socket};
+pub use socket::{message, nfgenmsg, Membership, Message, NetlinkError, Request, Socket};

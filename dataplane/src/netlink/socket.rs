@@ -144,11 +144,30 @@ fn split(mut rest: &[u8]) -> Result<Vec<Message<'_>>, &'static str> {
 
 /// A netlink socket in the calling thread's network namespace.
 pub struct Socket {
-    socket: netlink_sys::Socket,
+    /// Shared only with [`Membership`] handles.
+    socket: std::sync::Arc<netlink_sys::Socket>,
     /// What the socket talks to, for errors ("nfnetlink", "IPVS").
     label: &'static str,
     seq: u32,
     buf: Vec<u8>,
+}
+
+/// A subscribed socket's membership of its multicast group, which another thread can
+/// leave and join again while the socket's owner waits on it.
+#[derive(Clone)]
+pub struct Membership {
+    socket: std::sync::Arc<netlink_sys::Socket>,
+    group: u32,
+}
+
+impl Membership {
+    pub fn leave(&self) -> std::io::Result<()> {
+        self.socket.drop_membership(self.group)
+    }
+
+    pub fn join(&self) -> std::io::Result<()> {
+        self.socket.add_membership(self.group)
+    }
 }
 
 impl Socket {
@@ -160,7 +179,7 @@ impl Socket {
         let mut socket = netlink_sys::Socket::new(protocol).map_err(open)?;
         socket.bind_auto().map_err(open)?;
         Ok(Socket {
-            socket,
+            socket: std::sync::Arc::new(socket),
             label,
             seq: 0,
             buf: Vec::with_capacity(RECV_BUFFER),
@@ -187,6 +206,14 @@ impl Socket {
             .add_membership(group)
             .map_err(|e| s.io_error("socket", e))?;
         Ok(s)
+    }
+
+    /// A handle on this socket's membership of `group`, for another thread.
+    pub fn membership(&self, group: u32) -> Membership {
+        Membership {
+            socket: self.socket.clone(),
+            group,
+        }
     }
 
     /// The underlying socket, for socket options.

@@ -7,8 +7,8 @@
 
 use super::tables::TABLE;
 use crate::netlink::{
-    attrs, NetlinkError, Socket, NETLINK_NETFILTER, NFNLGRP_NFTABLES, NFNL_SUBSYS_NFTABLES,
-    NFTA_ANY_TABLE,
+    attrs, Membership, NetlinkError, Socket, NETLINK_NETFILTER, NFNLGRP_NFTABLES,
+    NFNL_SUBSYS_NFTABLES, NFTA_ANY_TABLE,
 };
 use nix::errno::Errno::ENOBUFS;
 
@@ -22,6 +22,11 @@ impl Commits {
         Ok(Commits {
             socket: Socket::subscribe(NETLINK_NETFILTER, "nfnetlink", NFNLGRP_NFTABLES)?,
         })
+    }
+
+    /// A handle to leave the group while our own commits run, and join it again.
+    pub fn membership(&self) -> Membership {
+        self.socket.membership(NFNLGRP_NFTABLES)
     }
 
     /// Block until a change to a table named like ours is announced; how many such
