@@ -653,3 +653,65 @@ fn ipv6_session_affinity_is_written_where_nft_could_not() {
         .chains
         .contains_key("affinity-10800"));
 }
+
+/// Our own commits do not wake our change listener: it leaves the notification group while
+/// they run, so the kernel builds no notification per element for them. Anyone else's
+/// commit to our table still wakes it.
+#[test]
+fn our_commits_do_not_wake_our_listener_and_anyone_elses_do() {
+    use std::time::Duration;
+    let Some(guard) = Namespace::create("listener") else {
+        return;
+    };
+    let snap = snapshot();
+    netns::in_netns(&guard.0, || {
+        let mut nft = NftKernel::default();
+        let subscribe = nft.change_notifications().expect("a listener");
+        let (woke, wakes) = std::sync::mpsc::channel();
+        let (ready, listening) = std::sync::mpsc::channel();
+        // Started from this thread, the listener is in the test's namespace too.
+        std::thread::spawn(move || {
+            let mut wait = subscribe().expect("subscribed");
+            ready.send(()).unwrap();
+            while wait().is_ok() {
+                if woke.send(()).is_err() {
+                    return;
+                }
+            }
+        });
+        listening
+            .recv_timeout(Duration::from_secs(5))
+            .expect("listening");
+        nft.apply(&NftBackend::<NftKernel>::render(&snap))
+            .expect("programming the table");
+        assert!(
+            wakes.recv_timeout(Duration::from_millis(500)).is_err(),
+            "our own commit woke the listener"
+        );
+        let foreign = |verb: &str| {
+            let out = dataplane::process::run(
+                "nft",
+                &[&format!(
+                    "{verb} element ip switchyard cluster-ips {{ 172.31.0.1 }}"
+                )],
+                None,
+            )
+            .unwrap();
+            assert!(out.success, "{}", out.stderr);
+        };
+        foreign("add");
+        wakes
+            .recv_timeout(Duration::from_secs(5))
+            .expect("a foreign commit to our table wakes the listener");
+        // The listener is back in the group after every commit of ours.
+        nft.apply(&NftBackend::<NftKernel>::render(&snap))
+            .expect("a commit with nothing new");
+        assert!(wakes.recv_timeout(Duration::from_millis(500)).is_err());
+        foreign("delete");
+        wakes
+            .recv_timeout(Duration::from_secs(5))
+            .expect("a second foreign commit wakes the listener");
+        Ok(())
+    })
+    .unwrap();
+}
