@@ -320,8 +320,19 @@ impl Snapshot {
         self.services.len()
     }
 
+    /// Every service port's endpoints: a walk over every service, O(cluster).
     pub fn endpoint_count(&self) -> usize {
         self.endpoints.values().map(Vec::len).sum()
+    }
+
+    /// The endpoints of service `namespace/name`, over its ports.
+    pub fn endpoints_of_service(&self, namespace: &str, name: &str) -> usize {
+        let start = ServicePortName::new(namespace, name, "", Protocol::Tcp);
+        self.endpoints
+            .range(start..)
+            .take_while(|(n, _)| n.namespace == namespace && n.name == name)
+            .map(|(_, e)| e.len())
+            .sum()
     }
 }
 

@@ -301,3 +301,22 @@ fn backend_syncs_only_the_changed_service_and_matches_a_whole_sync() {
         "the kernel holds what the partial sync said it committed"
     );
 }
+
+/// The endpoint count a partial sync reports (kept up to date service by service) is the
+/// snapshot's, whatever the edits: endpoints added and removed, services gone and back.
+#[test]
+fn partial_syncs_report_the_snapshots_endpoint_count() {
+    let mut rng = Lcg(0x00e4_d9c1);
+    let mut specs: Vec<Option<Spec>> = (0..SERVICES).map(|i| Some(spec(i))).collect();
+    let mut be = NftBackend::new(FakeNft::default());
+    let first = be.sync(&build(&specs), Scope::AllServices).unwrap();
+    assert_eq!(first.endpoints, build(&specs).endpoint_count());
+    for step in 0..300 {
+        let i = rng.below(SERVICES);
+        edit(&mut rng, &mut specs[i], i);
+        let changed: BTreeSet<ServiceKey> = [("ns".to_string(), format!("s{i}"))].into();
+        let snap = build(&specs);
+        let r = be.sync(&snap, Scope::Services(&changed)).unwrap();
+        assert_eq!(r.endpoints, snap.endpoint_count(), "step {step}");
+    }
+}
