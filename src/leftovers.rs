@@ -38,6 +38,12 @@ pub fn kube_proxy_nftables() -> Removed {
                 .done
                 .push(format!("removed kube-proxy's nftables table ({family})")),
             Ok(false) => {}
+            Err(e) if e.no_nftables() => {
+                r.done.push(format!(
+                    "this kernel has no nf_tables ({e}); kube-proxy's nftables tables not looked for"
+                ));
+                break;
+            }
             Err(e) => r.failed.push(format!("nftables ({family}): {e}")),
         }
     }

@@ -715,3 +715,29 @@ fn our_commits_do_not_wake_our_listener_and_anyone_elses_do() {
     })
     .unwrap();
 }
+
+/// A pod CIDR of the whole address space (`0.0.0.0/0`, `::/0`) compares no bytes at all,
+/// which the kernel refuses as a zero-length load: it is written as one byte masked to
+/// nothing, and the table goes in, with every source local.
+#[test]
+fn a_local_detector_of_every_address_programs() {
+    let Some(guard) = Namespace::create("everyaddr") else {
+        return;
+    };
+    let mut snap = snapshot();
+    snap.node.local_detector =
+        LocalDetector::Cidrs(vec!["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()]);
+    let tx = NftBackend::<NftKernel>::render(&snap);
+    assert!(tx
+        .to_nft()
+        .contains("ip saddr != 0.0.0.0/0 jump mark-for-masquerade"));
+    let kernel = netns::in_netns(&guard.0, || {
+        let mut nft = NftKernel::default();
+        nft.apply(&tx).expect("the batch commits");
+        Ok(nft.read().unwrap())
+    })
+    .unwrap();
+    let (want, _) = plan::desired(&snap, &Ruleset::default());
+    let left = diff(&kernel, &want, false);
+    assert!(left.is_empty(), "still to do:\n{}", left.to_nft());
+}

@@ -409,7 +409,8 @@ impl Agent {
                             || p.name.protocol == dataplane::model::Protocol::Udp
                     })
             });
-        // nft runs as a child process; keep the runtime's other tasks (HTTP, watches) going.
+        // A sync can take seconds (a cold 10k load, an iptables restore); keep the
+        // runtime's other tasks (HTTP, watches) going.
         let backend = &mut self.backend;
         let result = tokio::task::block_in_place(|| backend.sync(snapshot, scope));
         let done = Instant::now();

@@ -1,5 +1,5 @@
-//! The one nf_tables batch writer and its one commit protocol, for element batches
-//! (`nft::batch`) and iptables-nft chains (`iptables::direct`) alike. The messages between
+//! The one nf_tables batch writer and its one commit protocol, for nftables mode's
+//! transactions (`nft::wire`) and iptables-nft chains (`iptables::direct`) alike. The messages between
 //! BATCH_BEGIN and BATCH_END go in one datagram and commit together or not at all. The
 //! kernel answers every message it refuses, by sequence number, whether or not it was asked
 //! to acknowledge it, and has done so by the time the send returns; a generation request

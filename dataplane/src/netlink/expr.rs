@@ -58,7 +58,14 @@ pub trait Expressions {
     /// nft and iptables-nft write it: a prefix on a byte boundary compares only its bytes;
     /// any other masks the whole address first.
     fn prefix_match(&mut self, offset: u32, network: &[u8], prefix: u32, op: u32) {
-        if prefix.is_multiple_of(8) {
+        if prefix == 0 {
+            // Every address: no bytes to compare, and the kernel refuses a zero-length
+            // load. One byte masked to nothing equals zero always, so `==` always holds
+            // and `!=` never does.
+            self.payload(NFT_PAYLOAD_NETWORK_HEADER, offset, 1, NFT_REG_1);
+            self.bitwise(NFT_REG_1, &[0], &[0]);
+            self.cmp(NFT_REG_1, op, &[0]);
+        } else if prefix.is_multiple_of(8) {
             let n = (prefix / 8) as usize;
             self.payload(NFT_PAYLOAD_NETWORK_HEADER, offset, n as u32, NFT_REG_1);
             self.cmp(NFT_REG_1, op, &network[..n]);

@@ -2,7 +2,8 @@
 //! requests, dumps, acknowledgements, and kernel errors as one [`NetlinkError`] that names
 //! the operation), the one attribute builder and reader ([`Attrs`], [`attrs`], [`find`]),
 //! the protocol numbers, each defined once, and the one nf_tables batch writer with its one
-//! commit protocol. The nf_tables reader and element batches (`nft`), the iptables-nft rule
+//! commit protocol, and the nf_tables expressions ([`expr`]). nftables mode's reader and
+//! writer (`nft::netlink`, `nft::wire`), the iptables-nft rule
 //! writer (`iptables::direct`), ctnetlink (`conntrack`) and IPVS over generic netlink
 //! (`ipvs::genl`) all speak through it; what their messages mean stays with them.
 //!

@@ -42,6 +42,18 @@ pub enum NftError {
     },
 }
 
+impl NftError {
+    /// Whether the kernel has no nf_tables to talk to (EPROTONOSUPPORT, EOPNOTSUPP).
+    pub fn no_nftables(&self) -> bool {
+        let errno = match self {
+            NftError::Netlink(NetlinkError::Kernel { errno, .. }) => Some(*errno),
+            NftError::Netlink(NetlinkError::Socket { error, .. }) => error.raw_os_error(),
+            _ => None,
+        };
+        matches!(errno, Some(93 | 95))
+    }
+}
+
 impl From<CommitError> for NftError {
     fn from(e: CommitError) -> NftError {
         match e {
@@ -54,7 +66,7 @@ impl From<CommitError> for NftError {
 impl From<NftError> for BackendError {
     fn from(e: NftError) -> BackendError {
         let reason = match &e {
-            NftError::Rejected { .. } | NftError::Family { .. } => "rejected",
+            NftError::Rejected { .. } | NftError::Family { .. } | NftError::Encode(_) => "rejected",
             NftError::Spawn { .. } => "spawn",
             _ => "read",
         };
@@ -124,8 +136,9 @@ pub fn next_generation(g: u32) -> u32 {
 }
 
 /// The real executor: nf_tables over netlink, reads and writes alike; no `nft` process.
-/// Commits go through one socket kept open (see [`crate::netlink::Batch::commit_on`]), in
-/// the network namespace of the thread that made the first commit.
+/// Commits and generation requests go through one socket kept open (see
+/// [`crate::netlink::Batch::commit_on`]), in the network namespace of the thread that used
+/// it first.
 #[derive(Default)]
 pub struct NftKernel {
     socket: Option<crate::netlink::Socket>,
@@ -192,7 +205,7 @@ impl NftKernel {
             |a| a.str(crate::netlink::NFTA_TABLE_NAME, name),
         );
         let what = format!("deleting table {} {name}", family_name(family));
-        match batch.commit(&what, &|_| String::new()) {
+        match batch.commit(&what, &|_| what.clone()) {
             Ok(()) => Ok(true),
             Err(NetlinkError::Kernel { errno: 2, .. }) => Ok(false),
             Err(e) => Err(e.into()),

@@ -76,7 +76,8 @@ pub fn register(slot: u32) -> u32 {
     }
 }
 
-/// Splits rule text into words, keeping quoted strings whole and dropping list commas.
+/// Splits rule text into words, dropping list commas. Our quoted strings (interface names,
+/// comments) hold no spaces.
 fn words(rule: &str) -> Vec<&str> {
     rule.split_whitespace()
         .map(|w| w.strip_suffix(',').unwrap_or(w))
@@ -163,6 +164,8 @@ impl<'r> Parser<'r, '_> {
                     .and_then(|n| n.strip_suffix('"'))
                     .ok_or_else(|| format!("interface name `{name}` is not quoted"))?;
                 let bytes = match name.strip_suffix('*') {
+                    // Any name: a comparison of nothing, which the kernel refuses.
+                    Some("") => return Err("an empty interface prefix matches every name".into()),
                     Some(prefix) => prefix.as_bytes().to_vec(),
                     None => {
                         let mut b = name.as_bytes().to_vec();
@@ -331,7 +334,7 @@ impl<'r> Parser<'r, '_> {
                 self.expect("l4proto")?;
                 Atom::L4proto
             }
-            "th" | "tcp" => {
+            "th" => {
                 self.expect("dport")?;
                 Atom::ThDport
             }

@@ -63,6 +63,8 @@ pub struct Declaration {
     interval: bool,
     dynamic: bool,
     timeout_ms: Option<u64>,
+    /// `flags timeout`: elements may carry timeouts, with or without a default.
+    timeout_flag: bool,
     size: Option<u32>,
     typeof_: bool,
 }
@@ -173,6 +175,7 @@ impl Declaration {
             interval: false,
             dynamic: false,
             timeout_ms: None,
+            timeout_flag: false,
             size: None,
             typeof_: false,
         };
@@ -197,7 +200,7 @@ impl Declaration {
                         match flag {
                             "interval" => d.interval = true,
                             "dynamic" => d.dynamic = true,
-                            "timeout" => {}
+                            "timeout" => d.timeout_flag = true,
                             f => return Err(format!("unknown flag `{f}`")),
                         }
                     }
@@ -231,7 +234,7 @@ impl Declaration {
                 f |= NFT_SET_CONCAT;
             }
         }
-        if self.timeout_ms.is_some() {
+        if self.timeout_ms.is_some() || self.timeout_flag {
             f |= NFT_SET_TIMEOUT;
         }
         if self.dynamic {
