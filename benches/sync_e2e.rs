@@ -2,7 +2,8 @@
 //! (a) cold full sync of 10k services x 10 endpoints from manifests to committed kernel state
 //!     (`switchyard sync --once`, wall time and peak RSS);
 //! (b) one-endpoint changes at 10k x 10 and 30k x 10: p50/p99 over 100 changes of the kernel
-//!     transaction (`nft -f`), and of the whole sync (layout + diff + transaction).
+//!     transaction (one nf_tables netlink batch), and of the whole sync (layout + diff +
+//!     transaction).
 //!
 //! Run: `cargo bench --bench sync_e2e` as root. Set SY_BENCH_SIZES=1000,3000 for a quick run.
 
@@ -47,7 +48,7 @@ fn cold_from_manifests(services: usize, out: &mut String) {
     );
     let _ = writeln!(
         out,
-        "(a) cold sync from manifests, {services} x 10: {} wall; peak RSS of the largest process (agent or its nft) {:.1} MiB; agent said: {}",
+        "(a) cold sync from manifests, {services} x 10: {} wall; peak RSS of the largest child (counting the pages it shared with this bench when forked) {:.1} MiB; agent said: {}",
         ms(c.wall),
         c.max_rss_mib,
         c.said
