@@ -278,7 +278,7 @@ fn element_batches_commit_exactly_or_not_at_all() {
             "expected an element-only change:\n{}",
             tx.to_nft()
         );
-        dataplane::nft::wire::commit(&tx).expect("the batch commits");
+        nft.apply(&tx).expect("the batch commits");
         let got = nft.read().expect("read back");
         let left = diff(&got, &want, false);
         assert!(
@@ -294,7 +294,7 @@ fn element_batches_commit_exactly_or_not_at_all() {
             set: plan::SET_CLUSTER_IPS.into(),
             keys: vec!["172.31.255.254".into()],
         });
-        assert!(dataplane::nft::wire::commit(&bad).is_err());
+        assert!(nft.apply(&bad).is_err());
         assert_eq!(nft.read().expect("read after refusal"), got);
         Ok(())
     })
@@ -620,8 +620,8 @@ fn netlink_writes_what_nft_writes() {
     }
 }
 
-/// nft 1.0.6 aborts on an IPv6 session-affinity chain (its register allocator runs out on
-/// the 40-byte key: `netlink_gen_expr: Assertion 'dreg < ctx->reg_low' failed`), which
+/// nft 1.0.6 aborts on an IPv6 session-affinity chain (`netlink_gen_expr: Assertion 'dreg <
+/// ctx->reg_low' failed`; the IPv4 one goes in), which
 /// failed the whole sync of a dual-stack node with one such service. The kernel itself
 /// takes it: written over netlink, it reads back as written.
 #[test]

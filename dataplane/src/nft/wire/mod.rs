@@ -393,13 +393,7 @@ pub enum CommitError {
     Netlink(#[from] NetlinkError),
 }
 
-/// Commits `tx` as one batch, all or nothing, on a socket of its own.
-pub fn commit(tx: &Transaction) -> Result<(), CommitError> {
-    let mut socket = Socket::open(NETLINK_NETFILTER, "nfnetlink")?;
-    commit_on(tx, &mut socket)
-}
-
-/// Commits `tx` as one batch on `socket` (see [`Batch::commit_on`]).
+/// Commits `tx` as one batch, all or nothing, on `socket` (see [`Batch::commit_on`]).
 pub fn commit_on(tx: &Transaction, socket: &mut Socket) -> Result<(), CommitError> {
     let (batch, about) = encode(tx)?;
     if batch.is_empty() {

@@ -4,6 +4,7 @@
 //! The grammar is closed: only the statements [`super::super::skeleton`] writes. A rule
 //! outside it is an error naming the rule, never a guess.
 
+use super::super::tables::family_name;
 use super::{Anonymous, Context};
 use crate::model::IpFamily;
 use crate::netlink::expr::{Expressions, Verdict};
@@ -56,13 +57,6 @@ fn addr_len(family: IpFamily) -> u32 {
     match family {
         IpFamily::V4 => 4,
         IpFamily::V6 => 16,
-    }
-}
-
-fn fam_word(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "ip",
-        IpFamily::V6 => "ip6",
     }
 }
 
@@ -119,7 +113,7 @@ impl<'r> Parser<'r, '_> {
     }
 
     fn statement(&mut self) -> Step<()> {
-        let fam = fam_word(self.family);
+        let fam = family_name(self.family);
         match self.peek().ok_or("empty rule")? {
             "ct" if matches!(self.peek_at(1), Some("state" | "status")) => {
                 self.at += 1;
@@ -322,7 +316,7 @@ impl<'r> Parser<'r, '_> {
 
     /// An atom: `ip daddr`, `meta l4proto`, `th dport`, `ct original ...`, `numgen ...`.
     fn atom(&mut self) -> Step<Atom> {
-        let fam = fam_word(self.family);
+        let fam = family_name(self.family);
         let w = self.next()?;
         Ok(match w {
             _ if w == fam => match self.next()? {
