@@ -350,6 +350,8 @@ pub struct FakeNft {
     pub generation: u32,
     /// Refuse every transaction that touches this family (a family the kernel lacks).
     pub fail_family: Option<IpFamily>,
+    /// The affinity map's entries, as the packet path would have filled them.
+    pub remembered: BTreeMap<IpFamily, BTreeMap<String, Option<String>>>,
 }
 
 impl FakeNft {
@@ -386,5 +388,21 @@ impl NftExecutor for FakeNft {
     fn background_read(&self) -> Option<BackgroundRead> {
         let (state, generation) = (self.state.clone(), self.generation);
         Some(Box::new(move || Ok((state, Some(generation)))))
+    }
+
+    fn remembered(
+        &mut self,
+        family: IpFamily,
+    ) -> Result<BTreeMap<String, Option<String>>, NftError> {
+        Ok(self.remembered.get(&family).cloned().unwrap_or_default())
+    }
+
+    fn forget(&mut self, family: IpFamily, keys: &[String]) -> Result<(), NftError> {
+        if let Some(entries) = self.remembered.get_mut(&family) {
+            for k in keys {
+                entries.remove(k);
+            }
+        }
+        Ok(())
     }
 }

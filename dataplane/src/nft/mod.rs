@@ -206,7 +206,13 @@ impl<E: NftExecutor> NftBackend<E> {
                 .get(skeleton::MAP_AFFINITY_FRONTENDS)
                 .is_some_and(|s| !s.elements.is_empty())
         });
-        if !(remembering || self.remembered) || !(self.purge_pending || affinity::may_strand(tx)) {
+        // Once a front end remembers, the packet path may fill the map at any time, so
+        // whether there is anything to purge cannot wait for a commit that strands it: the
+        // commit that takes the last remembering front end out must still purge (found by
+        // Kubernetes' e2e spec "should be able to switch session affinity for service with
+        // type clusterIP": clients stayed on one Pod after affinity went to None).
+        self.remembered |= remembering;
+        if !self.remembered || !(self.purge_pending || affinity::may_strand(tx)) {
             return;
         }
         self.remembered = remembering;

@@ -375,3 +375,56 @@ fn a_family_the_kernel_refuses_does_not_hold_back_the_other() {
         "{v4_backends:?}"
     );
 }
+
+/// Kubernetes' e2e spec "should be able to switch session affinity for service with type
+/// clusterIP" (test/e2e/network/service.go, execAffinityTestForNonLBServiceWithTransition):
+/// once sessionAffinity goes from ClientIP to None, new connections spread over every
+/// endpoint again, so what the packet path remembered for that front end must go, in a
+/// long-lived agent too (whose first sync saw no remembering front end at all).
+#[test]
+fn switching_affinity_off_forgets_the_remembered_clients() {
+    let mut be = NftBackend::new(FakeNft::default());
+    let plain = snapshot(vec![(
+        port("a", "other", "172.30.0.9", 80),
+        vec!["10.0.0.9"],
+    )]);
+    be.sync(&plain, Scope::AllServices).unwrap();
+
+    let mut sticky = port("a", "web", "172.30.0.1", 80);
+    sticky.session_affinity = SessionAffinity::ClientIp {
+        timeout_seconds: 10800,
+    };
+    let web = |svc: &ServicePort| {
+        let mut s = plain.clone();
+        s.endpoints.insert(
+            svc.name.clone(),
+            vec![
+                Endpoint::ready(ip("10.0.0.1"), 8080),
+                Endpoint::ready(ip("10.0.0.2"), 8080),
+            ],
+        );
+        s.services
+            .insert((svc.name.clone(), svc.family), svc.clone());
+        s
+    };
+    let changed: std::collections::BTreeSet<crate::backend::ServiceKey> =
+        [("a".to_string(), "web".to_string())].into();
+    be.sync(&web(&sticky), Scope::Services(&changed)).unwrap();
+    // A client connects and the packet path remembers its endpoint.
+    let key = "10.0.0.50 . 172.30.0.1 . tcp . 80".to_string();
+    be.exec
+        .remembered
+        .entry(IpFamily::V4)
+        .or_default()
+        .insert(key.clone(), Some("10.0.0.2 . 8080".into()));
+
+    let mut plain_web = sticky.clone();
+    plain_web.session_affinity = SessionAffinity::None;
+    be.sync(&web(&plain_web), Scope::Services(&changed))
+        .unwrap();
+    assert!(
+        !be.exec.remembered[&IpFamily::V4].contains_key(&key),
+        "the client is still held to its old endpoint: {:?}",
+        be.exec.remembered
+    );
+}
