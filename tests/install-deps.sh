@@ -5,14 +5,18 @@
 # - Debian packages: nftables, iptables, iproute2, conntrack, ipset and procps (sysctl) for the
 #   network-namespace tests; prometheus for the agent's scrape test; qemu-system-x86,
 #   busybox-static and kmod to boot the IPVS guest; python3 and python3-pip for the Helm
-#   library; gcc and libc6-dev when there is no C compiler to link with;
+#   library; gcc and libc6-dev when there is no C compiler to link with; for the one-node
+#   e2e cluster (tests/e2e): containerd, runc, containernetworking-plugins, and the tools its
+#   test image carries (netcat-openbsd, bind9-dnsutils for nslookup, dash, wget, busybox-static);
 # - Debian's 6.1 kernel for the IPVS guest (tests/guest/prepare-kernel.sh, into
 #   target/guest-kernel);
 # - cargo-nextest (cargo install);
 # - the Helm library, helm-python-sdk (Helm v4's Go SDK behind a C ABI), for the chart tests;
-# - the real Kubernetes v1.37.2 components (kube-proxy, the control plane, etcd), built from
+# - the real Kubernetes v1.37.2 components (kube-proxy, the control plane, etcd; for the e2e
+#   suite also kubelet, kube-scheduler, agnhost, CoreDNS and the e2e.test binary), built from
 #   their Go modules by tests/cluster/build.sh into target/k8s/ (socat, openssl and curl for
-#   the control plane it starts), when a Go toolchain is on PATH.
+#   the control plane it starts), and the e2e cluster's images (tests/e2e/images.sh), when a
+#   Go toolchain is on PATH.
 # The Rust toolchain itself (1.89 or newer, https://rustup.rs) must already be there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,12 +31,15 @@ need=()
 # package:command, the package installed when the command is missing.
 for pkg_cmd in nftables:nft iptables:iptables iproute2:ip conntrack:conntrack ipset:ipset \
   procps:sysctl prometheus:prometheus qemu-system-x86:qemu-system-x86_64 kmod:depmod \
-  python3:python3 socat:socat openssl:openssl curl:curl; do
+  python3:python3 socat:socat openssl:openssl curl:curl containerd:containerd runc:runc \
+  netcat-openbsd:nc.openbsd bind9-dnsutils:nslookup dash:dash wget:wget; do
   command -v "${pkg_cmd#*:}" >/dev/null 2>&1 || need+=("${pkg_cmd%%:*}")
 done
 # The guest's initramfs needs a statically linked /bin/busybox.
 (ldd /bin/busybox 2>&1 || true) | grep -q 'not a dynamic' || need+=(busybox-static)
-# cargo links through cc; rustup does not bring one.
+# The CNI plugins kubelet's Pods are wired with.
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+# cargo links through cc; rustup does not bring one; the pause image is C.
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 # pip for the Helm library below (not needed once the library is importable).
 if ! python3 -c 'import helm_python' 2>/dev/null && ! python3 -m pip --version >/dev/null 2>&1; then
@@ -61,6 +68,8 @@ fi
 [ -x /usr/local/go/bin/go ] && ! command -v go >/dev/null 2>&1 && export PATH="$PATH:/usr/local/go/bin"
 if command -v go >/dev/null 2>&1; then
   tests/cluster/build.sh
+  tests/cluster/build.sh kubelet kube-scheduler agnhost coredns e2e.test
+  tests/e2e/images.sh >/dev/null
 else
   echo "tests/install-deps.sh: no Go toolchain; the real Kubernetes components are not built" >&2
 fi

@@ -20,6 +20,14 @@
 #   SERVICE_CIDRS         --service-cluster-ip-range (default 10.96.0.0/16,fd00:10:96::/112)
 #   SKIP_BUILD=1          do not run build.sh first (the binaries must be there)
 #   VERBOSITY             -v for the Kubernetes components (default 1)
+#   ADVERTISE_ADDRESS     the API server's address for Pods (default 127.0.0.1, with no
+#                         endpoints for the kubernetes Service); any other address is served on
+#                         every address (so run it in a network namespace of its own: tests/e2e)
+#                         and published as the kubernetes Service's endpoint
+#   CONTROLLERS           kube-controller-manager's --controllers (default: the few below)
+#   WITH_SCHEDULER=1      start kube-scheduler too (KUBE_SCHEDULER_PORT, default 10259)
+#   NODE_NAME             also write kubelet.kubeconfig, the credentials of the kubelet of
+#                         that node (user system:node:NODE_NAME, group system:nodes)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -31,6 +39,9 @@ ETCD_PORT=${ETCD_PORT:-2379}
 ETCD_PEER_PORT=${ETCD_PEER_PORT:-2380}
 APISERVER_PORT=${APISERVER_PORT:-6443}
 KCM_PORT=${KCM_PORT:-10257}
+KUBE_SCHEDULER_PORT=${KUBE_SCHEDULER_PORT:-10259}
+ADVERTISE_ADDRESS=${ADVERTISE_ADDRESS:-127.0.0.1}
+WITH_SCHEDULER=${WITH_SCHEDULER:-0}
 SERVICE_CIDRS=${SERVICE_CIDRS:-10.96.0.0/16,fd00:10:96::/112}
 VERBOSITY=${VERBOSITY:-1}
 
@@ -39,12 +50,16 @@ for tool in openssl curl; do
   command -v $tool >/dev/null || { echo "up.sh: needs $tool" >&2; exit 1; }
 done
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
-  "$here/build.sh" etcd kube-apiserver kube-controller-manager kube-proxy kubectl >&2
+  wanted=(etcd kube-apiserver kube-controller-manager kube-proxy kubectl)
+  [[ $WITH_SCHEDULER == 1 ]] && wanted+=(kube-scheduler)
+  "$here/build.sh" "${wanted[@]}" >&2
 fi
-for b in etcd kube-apiserver kube-controller-manager; do
+needed=(etcd kube-apiserver kube-controller-manager)
+[[ $WITH_SCHEDULER == 1 ]] && needed+=(kube-scheduler)
+for b in "${needed[@]}"; do
   [[ -x $bin/$b ]] || { echo "up.sh: $bin/$b missing (run tests/cluster/build.sh)" >&2; exit 1; }
 done
-for p in $ETCD_PORT $ETCD_PEER_PORT $APISERVER_PORT $KCM_PORT; do
+for p in $ETCD_PORT $ETCD_PEER_PORT $APISERVER_PORT $KCM_PORT $KUBE_SCHEDULER_PORT; do
   if ss -Hltn "sport = :$p" | grep -q .; then
     echo "up.sh: port $p on this machine is in use (set ETCD_PORT/ETCD_PEER_PORT/APISERVER_PORT/KCM_PORT)" >&2
     exit 1
@@ -155,10 +170,14 @@ first_cidr=${SERVICE_CIDRS%%,*}
 base=${first_cidr%/*}
 kube_svc_ip=${base%.*}.$((${base##*.} + 1))
 cert apiserver "/CN=kube-apiserver" serverAuth \
-  "IP:127.0.0.1,IP:$kube_svc_ip,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  "IP:127.0.0.1,IP:$ADVERTISE_ADDRESS,IP:$kube_svc_ip,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 cert admin "/O=system:masters/CN=admin" clientAuth
 cert kube-controller-manager "/CN=system:kube-controller-manager" clientAuth
 cert kube-proxy "/CN=system:kube-proxy" clientAuth
+cert kube-scheduler "/CN=system:kube-scheduler" clientAuth
+[[ -z ${NODE_NAME:-} ]] || cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" clientAuth
+# The API server's client certificate towards kubelets (kubectl exec, logs, port-forward).
+cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
 # The service-account token signing key.
 openssl_quiet genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out sa.key
 openssl_quiet pkey -in sa.key -pubout -out sa.pub
@@ -192,6 +211,8 @@ EOF
 kubeconfig admin admin
 kubeconfig kube-controller-manager system:kube-controller-manager
 kubeconfig kube-proxy system:kube-proxy
+kubeconfig kube-scheduler system:kube-scheduler
+[[ -z ${NODE_NAME:-} ]] || kubeconfig kubelet "system:node:$NODE_NAME"
 cd "$dir"
 
 # ---- etcd ----
@@ -208,23 +229,33 @@ start etcd "$bin/etcd" \
 wait_for etcd 30 curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
 
 # ---- kube-apiserver ----
-# --endpoint-reconciler-type=none: with the default (lease) reconciler a loopback advertise
-# address is refused at startup ("cannot use public IP 127.0.0.1 with endpoint reconciler:
-# ... may not be in the loopback range"); so the kubernetes Service is there, without endpoints.
+# --endpoint-reconciler-type=none on loopback: with the default (lease) reconciler a loopback
+# advertise address is refused at startup ("cannot use public IP 127.0.0.1 with endpoint
+# reconciler: ... may not be in the loopback range"); so the kubernetes Service is there,
+# without endpoints.
+if [[ $ADVERTISE_ADDRESS == 127.0.0.1 ]]; then
+  bind_address=127.0.0.1; reconciler=none
+else
+  bind_address=0.0.0.0; reconciler=lease
+fi
 apiserver_args=(
   --etcd-servers="http://127.0.0.1:$ETCD_PORT"
-  --bind-address=127.0.0.1
-  --advertise-address=127.0.0.1
+  --bind-address="$bind_address"
+  --advertise-address="$ADVERTISE_ADDRESS"
   --secure-port="$APISERVER_PORT"
   --tls-cert-file="$pki/apiserver.crt"
   --tls-private-key-file="$pki/apiserver.key"
   --client-ca-file="$pki/ca.crt"
-  --authorization-mode=RBAC
+  --authorization-mode=Node,RBAC
+  --allow-privileged=true
+  --kubelet-client-certificate="$pki/apiserver-kubelet-client.crt"
+  --kubelet-client-key="$pki/apiserver-kubelet-client.key"
+  --kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname
   --service-account-issuer=https://kubernetes.default.svc.cluster.local
   --service-account-key-file="$pki/sa.pub"
   --service-account-signing-key-file="$pki/sa.key"
   --service-cluster-ip-range="$SERVICE_CIDRS"
-  --endpoint-reconciler-type=none
+  --endpoint-reconciler-type="$reconciler"
   --cert-dir="$dir/apiserver-certs"
   --v="$VERBOSITY"
 )
@@ -246,6 +277,7 @@ controllers=endpointslice-controller,endpointslice-mirroring-controller
 controllers+=,serviceaccount-token-controller,serviceaccount-controller
 controllers+=,garbage-collector-controller,namespace-controller,service-cidr-controller
 controllers+=,root-ca-certificate-publisher-controller
+controllers=${CONTROLLERS:-$controllers}
 start kube-controller-manager "$bin/kube-controller-manager" \
   --kubeconfig="$dir/kube-controller-manager.kubeconfig" \
   --authentication-kubeconfig="$dir/kube-controller-manager.kubeconfig" \
@@ -261,6 +293,17 @@ start kube-controller-manager "$bin/kube-controller-manager" \
   --v="$VERBOSITY"
 # (its serving certificate is self-signed, and /healthz carries nothing secret)
 wait_for kube-controller-manager 60 curl -fsSk "https://127.0.0.1:$KCM_PORT/healthz"
+if [[ $WITH_SCHEDULER == 1 ]]; then
+  start kube-scheduler "$bin/kube-scheduler" \
+    --kubeconfig="$dir/kube-scheduler.kubeconfig" \
+    --authentication-kubeconfig="$dir/kube-scheduler.kubeconfig" \
+    --authorization-kubeconfig="$dir/kube-scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 \
+    --secure-port="$KUBE_SCHEDULER_PORT" \
+    --leader-elect=false \
+    --v="$VERBOSITY"
+  wait_for kube-scheduler 60 curl -fsSk "https://127.0.0.1:$KUBE_SCHEDULER_PORT/healthz"
+fi
 # The service-account controller has run once it made the default ServiceAccount.
 wait_for "the default ServiceAccount" 60 admin_curl /api/v1/namespaces/default/serviceaccounts/default
 
