@@ -144,30 +144,9 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-start() {
-  local name=$1; shift
-  "$@" >>"$logs/$name.log" 2>&1 &
-  pids+=($!); names+=("$name")
-}
-
-wait_for() {
-  local what=$1 secs=$2; shift 2
-  local deadline=$((SECONDS + secs)) i
-  until "$@" >/dev/null 2>&1; do
-    for i in "${!pids[@]}"; do
-      if ! kill -0 "${pids[$i]}" 2>/dev/null; then
-        echo "node.sh: ${names[$i]} exited; last lines of $logs/${names[$i]}.log:" >&2
-        tail -n 30 "$logs/${names[$i]}.log" >&2
-        exit 1
-      fi
-    done
-    if ((SECONDS >= deadline)); then
-      echo "node.sh: $what not ready after $secs s (logs in $logs)" >&2
-      exit 1
-    fi
-    sleep 0.5
-  done
-}
+me=node.sh
+# start and wait_for.
+source "$root/tests/cluster/procs.sh"
 
 # ---- the node's network namespace: loopback, and the node address on a veth whose peer stays
 # in the namespace (this kernel has no dummy interfaces), with the default route (a Service
