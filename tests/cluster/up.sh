@@ -59,9 +59,11 @@ needed=(etcd kube-apiserver kube-controller-manager)
 for b in "${needed[@]}"; do
   [[ -x $bin/$b ]] || { echo "up.sh: $bin/$b missing (run tests/cluster/build.sh)" >&2; exit 1; }
 done
-for p in $ETCD_PORT $ETCD_PEER_PORT $APISERVER_PORT $KCM_PORT $KUBE_SCHEDULER_PORT; do
+ports=("$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KCM_PORT")
+[[ $WITH_SCHEDULER == 1 ]] && ports+=("$KUBE_SCHEDULER_PORT")
+for p in "${ports[@]}"; do
   if ss -Hltn "sport = :$p" | grep -q .; then
-    echo "up.sh: port $p on this machine is in use (set ETCD_PORT/ETCD_PEER_PORT/APISERVER_PORT/KCM_PORT)" >&2
+    echo "up.sh: port $p on this machine is in use (set ETCD_PORT/ETCD_PEER_PORT/APISERVER_PORT/KCM_PORT/KUBE_SCHEDULER_PORT)" >&2
     exit 1
   fi
 done
