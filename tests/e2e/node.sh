@@ -7,7 +7,8 @@
 #
 #   tests/e2e/node.sh [--proxy switchyard|kube-proxy] [--mode nftables|iptables|ipvs]
 #
-# When every node component is ready and CoreDNS answers through the proxy, it prints:
+# When every node component is ready and CoreDNS is too (its readiness needs the API server,
+# which it reaches through the proxy at the kubernetes Service's ClusterIP), it prints:
 #   KUBECONFIG=<dir>/admin.kubeconfig
 #   NODE_NETNS=<namespace>        (run clients in it: nsenter --net=/run/netns/<namespace>)
 #   CLUSTER_DIR=<dir>
