@@ -1498,3 +1498,265 @@ fn a_flushed_ruleset_is_repaired_within_a_second_without_waiting_for_the_period(
         "{text}"
     );
 }
+
+/// The agent's failure counter for `family` in its mode's kube-proxy family.
+fn failures(agent: &Agent, text: &str, family: &str) -> f64 {
+    let names: &[&str] = if agent.mode == "iptables" {
+        &[
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+        ]
+    } else {
+        &["kubeproxy_sync_proxy_rules_nftables_sync_failures_total"]
+    };
+    names
+        .iter()
+        .map(|n| agent.metric(text, &format!("{n}{{ip_family=\"{family}\"}}")))
+        .sum()
+}
+
+/// Waits (bounded) until the agent's failures in `family` exceed `above`.
+fn wait_failures(agent: &Agent, family: &str, above: f64) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        // The metrics server may not listen yet.
+        let text = agent
+            .try_get(METRICS, "/metrics")
+            .map(|(_, t)| t)
+            .unwrap_or_default();
+        let n = if text.is_empty() {
+            0.0
+        } else {
+            failures(agent, &text, family)
+        };
+        if n > above {
+            return n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {family} sync failure counted\n{text}\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Netlink errors on the real kernel (SWITCHYARD_FAULTS, one file rewritten per case): a
+/// signal's EINTR is retried where it happens and fails nothing; an ENOBUFS that loses the
+/// commit's answers fails that sync (the outcome is unknown), and the full retry reads the
+/// kernel and converges; a refused send keeps the old rules until the kernel takes commits
+/// again; and a batch the real kernel refuses at its last message, after doing all of ours,
+/// leaves the ruleset exactly as it was, on the first (cold) sync and on a later one.
+#[test]
+fn netlink_errors_are_retried_or_counted_and_the_next_sync_converges() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut agent) = Agent::namespace("netlink-faults") else {
+        return;
+    };
+    // No periodic check: every netlink call comes from the syncs the edits cause.
+    agent.sync_period = "1h";
+    let faults = dir.path().join("faults");
+    agent
+        .env
+        .push(("SWITCHYARD_FAULTS", faults.to_string_lossy().into_owned()));
+    let cluster = dir.path().join("cluster.yaml");
+    write_atomically(&cluster, &manifests("10.0.0.1"));
+    // The cold sync's batch is refused, whole, by the kernel itself: nothing of it stays.
+    std::fs::write(&faults, "nf_tables-batch-last ENOENT\n").unwrap();
+    agent.spawn(dir.path(), &["--manifests".as_ref(), cluster.as_os_str()]);
+    let mut failed = wait_failures(&agent, "IPv4", 0.0);
+    let log = agent.log();
+    assert!(
+        log.contains("nf_tables-batch-last fails: No such file or directory"),
+        "{log}"
+    );
+    assert!(
+        log.contains("at the message SWITCHYARD_FAULTS added: kernel answered error 2"),
+        "{log}"
+    );
+    assert_eq!(agent.ruleset(), "", "a refused cold batch left a table");
+    std::fs::remove_file(&faults).unwrap();
+    agent.wait_ruleset("the first sync, retried", |rs| rs.contains("10.0.0.1"));
+
+    // EINTR on every send and receive, three times each: retried, nothing fails.
+    std::fs::write(
+        &faults,
+        "nfnetlink:send EINTR 3\nnfnetlink:receive EINTR 3\n",
+    )
+    .unwrap();
+    write_atomically(&cluster, &manifests("10.0.0.2"));
+    agent.wait_ruleset("the edit through EINTRs", |rs| {
+        rs.contains("10.0.0.2") && !rs.contains("10.0.0.1")
+    });
+    let (_, text) = agent.get(METRICS, "/metrics");
+    assert_eq!(
+        failures(&agent, &text, "IPv4"),
+        failed,
+        "EINTR failed a sync\n{text}"
+    );
+    let log = agent.log();
+    assert!(
+        log.contains("nfnetlink:send fails: Interrupted system call"),
+        "{log}"
+    );
+    assert!(
+        log.contains("nfnetlink:receive fails: Interrupted system call"),
+        "{log}"
+    );
+
+    // ENOBUFS once on a receive: the commit's answers are lost, the sync counts as failed,
+    // and the full retry converges on what the kernel holds.
+    std::fs::write(&faults, "nfnetlink:receive ENOBUFS 1\n").unwrap();
+    write_atomically(&cluster, &manifests("10.0.0.3"));
+    failed = wait_failures(&agent, "IPv4", failed);
+    agent.wait_ruleset("the edit after ENOBUFS", |rs| {
+        rs.contains("10.0.0.3") && !rs.contains("10.0.0.2")
+    });
+    let log = agent.log();
+    assert!(
+        log.contains("nfnetlink:receive fails: No buffer space available"),
+        "{log}"
+    );
+    assert!(
+        log.contains("its answers were lost, so whether it committed is unknown"),
+        "{log}"
+    );
+
+    // Every send refused (EPERM) while the file says so: the old rules keep serving.
+    let before = agent.ruleset();
+    std::fs::write(&faults, "nfnetlink:send EPERM\n").unwrap();
+    write_atomically(&cluster, &manifests("10.0.0.4"));
+    failed = wait_failures(&agent, "IPv4", failed);
+    assert_eq!(agent.ruleset(), before, "a refused send changed the kernel");
+    std::fs::remove_file(&faults).unwrap();
+    agent.wait_ruleset("the edit after EPERM", |rs| {
+        rs.contains("10.0.0.4") && !rs.contains("10.0.0.3")
+    });
+
+    // A partial sync with a new load-balancing chain, refused at its last message: the
+    // kernel undoes everything before it.
+    let before = agent.ruleset();
+    std::fs::write(&faults, "nf_tables-batch-last ENOENT\n").unwrap();
+    write_atomically(
+        &cluster,
+        &manifests("10.0.0.5").replace(
+            "endpoints: [{ addresses: [10.0.0.5] }]",
+            "endpoints: [{ addresses: [10.0.0.5] }, { addresses: [10.0.0.6] }]",
+        ),
+    );
+    failed = wait_failures(&agent, "IPv4", failed);
+    // And again: the retries are refused too.
+    wait_failures(&agent, "IPv4", failed);
+    assert_eq!(
+        agent.ruleset(),
+        before,
+        "a refused batch left a part behind"
+    );
+    std::fs::remove_file(&faults).unwrap();
+    agent.wait_ruleset("the edit after the refused batches", |rs| {
+        rs.contains("10.0.0.5") && rs.contains("10.0.0.6") && !rs.contains("10.0.0.4")
+    });
+    let status = agent.terminate();
+    assert!(status.success(), "{status:?}\n{}", agent.log());
+}
+
+/// Dual-stack manifests: `web` on IPv4 with endpoint `v4`, `web6` on IPv6 with `v6`.
+fn dual_stack_manifests(v4: &str, v6: &str) -> String {
+    format!(
+        r#"{}
+---
+apiVersion: v1
+kind: Service
+metadata: {{ name: web6, namespace: ns }}
+spec: {{ clusterIP: "fd00:30::1", ipFamilies: [IPv6], ports: [{{ name: http, port: 80 }}] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: web6-1, namespace: ns, labels: {{ kubernetes.io/service-name: web6 }} }}
+addressType: IPv6
+ports: [{{ name: http, port: 8080 }}]
+endpoints: [{{ addresses: ["{v6}"] }}]
+"#,
+        manifests(v4)
+    )
+}
+
+/// iptables mode, a sync refused in its middle: the IPv4 restore commits, the IPv6 one is
+/// refused (SWITCHYARD_FAULTS). IPv4 has the edit, IPv6 keeps its old rules whole, the
+/// failure counts in IPv6's series only, and IPv6 converges once restores work again.
+#[test]
+fn iptables_family_refused_in_the_middle_of_a_sync_keeps_its_old_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut agent) = Agent::namespace("ipt-refused") else {
+        return;
+    };
+    agent.mode = "iptables";
+    agent.sync_period = "1h";
+    let faults = dir.path().join("faults");
+    agent
+        .env
+        .push(("SWITCHYARD_FAULTS", faults.to_string_lossy().into_owned()));
+    let cluster = dir.path().join("cluster.yaml");
+    write_atomically(&cluster, &dual_stack_manifests("10.0.0.1", "fd00:10::1"));
+    agent.spawn(dir.path(), &["--manifests".as_ref(), cluster.as_os_str()]);
+    agent.wait_ruleset("the first sync", |rs| rs.contains("10.0.0.1:8080"));
+    let save6 = || {
+        let out = netns::run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &agent.ns,
+                "ip6tables-nft-save",
+                "-t",
+                "nat",
+            ],
+            None,
+            netns::CMD_TIMEOUT,
+        );
+        assert!(out.success(), "{}", out.transcript());
+        out.stdout
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !save6().contains("[fd00:10::1]:8080") {
+        assert!(Instant::now() < deadline, "{}\n{}", save6(), agent.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, text) = agent.get(METRICS, "/metrics");
+    assert_eq!(failures(&agent, &text, "IPv6"), 0.0, "{text}");
+    let before6 = save6();
+
+    std::fs::write(&faults, "iptables-restore:IPv6 EPERM\n").unwrap();
+    write_atomically(&cluster, &dual_stack_manifests("10.0.0.2", "fd00:10::2"));
+    agent.wait_ruleset("IPv4's edit", |rs| {
+        rs.contains("10.0.0.2:8080") && !rs.contains("10.0.0.1")
+    });
+    let failed = wait_failures(&agent, "IPv6", 0.0);
+    // Retried, and refused again.
+    wait_failures(&agent, "IPv6", failed);
+    let (_, text) = agent.get(METRICS, "/metrics");
+    assert_eq!(failures(&agent, &text, "IPv4"), 0.0, "{text}");
+    let strip = |s: &str| {
+        // Without the comments and the chains' packet counters.
+        s.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split(" [").next().unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(strip(&save6()), strip(&before6), "IPv6's old rules moved");
+    assert!(agent.log().contains("iptables-restore:IPv6 fails"));
+
+    std::fs::remove_file(&faults).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = save6();
+        if now.contains("[fd00:10::2]:8080") && !now.contains("fd00:10::1") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{now}\n{}", agent.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = agent.terminate();
+    assert!(status.success(), "{status:?}\n{}", agent.log());
+}

@@ -308,6 +308,16 @@ impl IptablesExecutor for IptablesCommand {
 
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError> {
         let prog = program(family, self.variant, "restore");
+        if let Some(errno) = crate::fault::injected_at(|| format!("iptables-restore:{family}")) {
+            return Err(IptablesError::Rejected {
+                program: prog,
+                stderr: format!(
+                    "{} (injected by SWITCHYARD_FAULTS)",
+                    std::io::Error::from_raw_os_error(errno)
+                ),
+                line: None,
+            });
+        }
         let wait = self.lock_wait.to_string();
         // Whole-table blocks print the table (`-S`): nothing to keep.
         let out =

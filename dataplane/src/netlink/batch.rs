@@ -14,7 +14,7 @@
 use super::attr::Attrs;
 use super::consts::{
     NETLINK_NETFILTER, NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFNL_SUBSYS_NFTABLES,
-    NFPROTO_UNSPEC, NFT_MSG_GETGEN, NLM_F_REQUEST,
+    NFPROTO_IPV4, NFPROTO_UNSPEC, NFTA_TABLE_NAME, NFT_MSG_DELTABLE, NFT_MSG_GETGEN, NLM_F_REQUEST,
 };
 use super::socket::{
     finish_message, message, nfgenmsg, start_message, Message, NetlinkError, Request, Socket,
@@ -102,6 +102,14 @@ impl Batch {
                 errno,
             });
         }
+        let ours = seq_of(0)..seq_of(self.count);
+        if crate::fault::injected_at(|| "nf_tables-batch-last".into()).is_some() {
+            // A real refusal after all of ours: the kernel has done their work when it
+            // meets this one, and must undo it.
+            self.push(NFT_MSG_DELTABLE, 0, NFPROTO_IPV4, |a| {
+                a.str(NFTA_TABLE_NAME, "switchyard-fault-no-such-table")
+            });
+        }
         let end = seq_of(self.count);
         marker(&mut self.buf, NFNL_MSG_BATCH_END, end);
         socket.used_up_to(end);
@@ -136,7 +144,10 @@ impl Batch {
                     // overflow before what it did queue, which the sends left complete.
                     drain(socket, what, &mut note)?;
                     if refused.is_none() {
-                        return Err(socket.io_error(what, error));
+                        let what = format!(
+                            "{what}: its answers were lost, so whether it committed is unknown"
+                        );
+                        return Err(socket.io_error(&what, error));
                     }
                     break 'read;
                 }
@@ -146,9 +157,10 @@ impl Batch {
         let Some((seq, errno)) = refused else {
             return Ok(());
         };
-        let ours = seq_of(0)..end;
         let op = if ours.contains(&seq) {
             format!("{what}, at {}", about(seq.wrapping_sub(seq_of(0)) as usize))
+        } else if seq != fence && seq != BEGIN && seq != end {
+            format!("{what}, at the message SWITCHYARD_FAULTS added")
         } else {
             what.to_string()
         };

@@ -170,6 +170,26 @@ impl Membership {
     }
 }
 
+/// Consecutive EINTRs a system call is retried through before the error is given up to the
+/// caller: a signal interrupts a call once, not forever; a bound keeps an endless stream
+/// (an injected fault without a count) from spinning a core.
+const INTERRUPTED_RETRIES: usize = 64;
+
+/// `call`, again while a signal interrupts it (EINTR), as std's own I/O does.
+fn retry_interrupted<T>(mut call: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let mut tries = 0;
+    loop {
+        match call() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::Interrupted && tries < INTERRUPTED_RETRIES =>
+            {
+                tries += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
 impl Socket {
     fn new(protocol: isize, label: &'static str) -> Result<Socket, NetlinkError> {
         let open = |error| NetlinkError::Socket {
@@ -259,10 +279,14 @@ impl Socket {
 
     /// Sends one datagram, whole.
     pub fn send(&mut self, what: &str, bytes: &[u8]) -> Result<(), NetlinkError> {
-        let sent = self
-            .socket
-            .send(bytes, 0)
-            .map_err(|e| self.io_error(what, e))?;
+        let label = self.label;
+        let sent = retry_interrupted(|| {
+            if let Some(errno) = crate::fault::injected_at(|| format!("{label}:send")) {
+                return Err(std::io::Error::from_raw_os_error(errno));
+            }
+            self.socket.send(bytes, 0)
+        })
+        .map_err(|e| self.io_error(what, e))?;
         if sent != bytes.len() {
             let e = std::io::Error::other(format!("sent {sent} of {} bytes", bytes.len()));
             return Err(self.io_error(what, e));
@@ -272,8 +296,15 @@ impl Socket {
 
     /// Reads one datagram from the kernel, split into its messages.
     pub fn receive(&mut self, what: &str) -> Result<Vec<Message<'_>>, NetlinkError> {
-        self.buf.clear();
-        if let Err(e) = self.socket.recv(&mut self.buf, 0) {
+        let (label, socket, buf) = (self.label, &self.socket, &mut self.buf);
+        let received = retry_interrupted(|| {
+            buf.clear();
+            if let Some(errno) = crate::fault::injected_at(|| format!("{label}:receive")) {
+                return Err(std::io::Error::from_raw_os_error(errno));
+            }
+            socket.recv(buf, 0)
+        });
+        if let Err(e) = received {
             return Err(self.io_error(what, e));
         }
         let op = || self.op(what);

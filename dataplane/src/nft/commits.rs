@@ -20,7 +20,11 @@ pub struct Commits {
 impl Commits {
     pub fn subscribe() -> Result<Commits, NetlinkError> {
         Ok(Commits {
-            socket: Socket::subscribe(NETLINK_NETFILTER, "nfnetlink", NFNLGRP_NFTABLES)?,
+            socket: Socket::subscribe(
+                NETLINK_NETFILTER,
+                "nfnetlink-notifications",
+                NFNLGRP_NFTABLES,
+            )?,
         })
     }
 

@@ -20,7 +20,7 @@ pub enum NftError {
         program: String,
         source: std::io::Error,
     },
-    #[error("the kernel refused the transaction ({ops} operations): {reason}")]
+    #[error("committing the transaction ({ops} operations) failed: {reason}")]
     Rejected { ops: usize, reason: String },
     #[error("nft list table {family} {TABLE} failed: {stderr}")]
     List {
