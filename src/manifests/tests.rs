@@ -452,3 +452,60 @@ fn manifest_read_stops_at_the_size_cap_and_refuses_a_replaced_fifo() {
         "{e}"
     );
 }
+
+/// JSON as it was decoded before lists went item by item: each document whole, as a tree.
+fn parse_json_as_trees(text: &str, path: &Path) -> Result<Vec<Object>, ManifestError> {
+    let mut out = Vec::new();
+    for doc in serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>() {
+        collect(doc.unwrap(), path, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// The item-by-item decoding of JSON lists gives what decoding each document whole gave:
+/// the same objects, and the same errors (object, field, wording) where an item is bad.
+#[test]
+fn json_lists_decode_item_by_item_as_whole_documents_did() {
+    let list: serde_json::Value =
+        serde_saphyr::from_str(&kubectl_list(20, 3)).expect("the kubectl list parses");
+    let node = r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}"#;
+    let cidr = r#"{"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR", "metadata": {"name": "c"}, "spec": {"cidrs": ["10.96.0.0/16"]}}"#;
+    let svc = |spec: &str| {
+        format!(r#"{{"apiVersion": "v1", "kind": "Service", "metadata": {{"name": "a", "namespace": "ns"}}, "spec": {spec}}}"#)
+    };
+    let inputs = [
+        serde_json::to_string_pretty(&list).unwrap(),
+        format!("{list}\n{node}\nnull\n{cidr}"),
+        // Items before kind, as kubectl prints them; a nested list; an unknown kind.
+        format!(
+            r#"{{"items": [{node}, {{"kind": "List", "apiVersion": "v1", "items": [{cidr}]}}, {{"apiVersion": "v1", "kind": "ConfigMap"}}], "kind": "List", "apiVersion": "v1"}}"#
+        ),
+        // A key twice: the tree kept the last one.
+        svc(r#"{"clusterIP": "10.96.0.1", "clusterIP": "10.96.0.2", "ports": [{"port": 80}]}"#),
+        format!(r#"{{"kind": "List", "kind": "List", "items": [{node}]}}"#),
+        // Bad items, first and later in a list.
+        format!(
+            r#"{{"kind": "List", "items": [{node}, {}]}}"#,
+            svc(r#"{"ports": [{"port": "x"}]}"#)
+        ),
+        svc(r#"{"ports": [{"port": 70000000000}]}"#),
+        format!(r#"{{"kind": "List", "items": {node}}}"#),
+        r#"{"kind": "ServiceList", "items": null}"#.to_string(),
+        r#"{"kind": "ServiceList"}"#.to_string(),
+        r#"[1, 2]"#.to_string(),
+        r#"{"apiVersion": 1, "kind": "Service"}"#.to_string(),
+        "7".to_string(),
+    ];
+    for text in &inputs {
+        let path = Path::new("x.json");
+        let fmt = |r: Result<Vec<Object>, ManifestError>| match r {
+            Ok(objects) => format!("{objects:?}"),
+            Err(e) => format!("error: {e}"),
+        };
+        let now = fmt(parse(text, path));
+        assert_eq!(now, fmt(parse_json_as_trees(text, path)), "{text}");
+        assert!(!now.is_empty());
+    }
+    let objects = parse(&inputs[0], Path::new("x.json")).unwrap();
+    assert_eq!(objects.len(), 40, "20 Services and their slices");
+}
