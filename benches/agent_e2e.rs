@@ -6,7 +6,8 @@
 //! Run: `cargo bench --bench agent_e2e` as root. Knobs: SY_BENCH_SERVICES (10000),
 //! SY_BENCH_RATE changes per second (100), SY_BENCH_SECONDS (60), SY_BENCH_MIN_SYNC (1ms),
 //! SY_BENCH_SYNC_PERIOD (30s), SY_BENCH_FOREIGN (0; 1: another program commits to nftables
-//! every second, so each periodic check has to read the kernel back).
+//! every second, so each periodic check has to read the kernel back), SY_BENCH_BIN (another
+//! agent binary, to compare two builds in one session).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 #![allow(dead_code)]
@@ -19,18 +20,14 @@ mod apiserver;
 #[path = "../tests/rig/exposition.rs"]
 mod exposition;
 
+mod common;
+use common::{env_or, status_mib};
+
 use exposition::{buckets, quantile, v4, value};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn service(i: usize) -> Value {
     json!({"apiVersion": "v1", "kind": "Service",
@@ -81,22 +78,6 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
-/// A `/proc/<pid>/status` size in MiB: `VmRSS` now, `VmHWM` the peak.
-fn status_mib(pid: u32, field: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)?
-                .trim()
-                .strip_suffix("kB")?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         println!("agent_e2e: run with `cargo bench --bench agent_e2e`");
@@ -110,6 +91,7 @@ fn main() {
     let min_sync: String = env_or("SY_BENCH_MIN_SYNC", "1ms".to_string());
     let sync_period: String = env_or("SY_BENCH_SYNC_PERIOD", "30s".to_string());
     let foreign: bool = env_or("SY_BENCH_FOREIGN", 0u8) == 1;
+    let bin: String = env_or("SY_BENCH_BIN", env!("CARGO_BIN_EXE_switchyard").to_string());
     let ns = format!("sy-bench-agent-{}", std::process::id());
     if let Err(e) = netns::create_namespace(&ns) {
         println!("SKIP agent_e2e: {e}");
@@ -134,13 +116,7 @@ fn main() {
     )
     .unwrap();
     let mut agent = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &ns,
-            env!("CARGO_BIN_EXE_switchyard"),
-            "run",
-        ])
+        .args(["netns", "exec", &ns, &bin, "run"])
         .arg("--config")
         .arg(&cfg)
         .arg("--kubeconfig")

@@ -21,7 +21,7 @@ mod guest;
 use switchyard::ipvs_link;
 
 mod common;
-use common::{ms, pct};
+use common::{env_or, ms, pct};
 
 use dataplane::backend::{Backend, Scope};
 use dataplane::iptables::kernel::IptablesCommand;
@@ -31,13 +31,6 @@ use dataplane::nft::kernel::NftKernel;
 use dataplane::nft::NftBackend;
 use dataplane::synth;
 use std::time::{Duration, Instant};
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn fresh_netns(ns: &mut Option<String>) {
     if let Some(old) = ns.take() {

@@ -32,14 +32,15 @@ need=()
 for pkg_cmd in nftables:nft iptables:iptables iproute2:ip conntrack:conntrack ipset:ipset \
   procps:sysctl prometheus:prometheus qemu-system-x86:qemu-system-x86_64 kmod:depmod \
   python3:python3 socat:socat openssl:openssl curl:curl containerd:containerd runc:runc \
-  netcat-openbsd:nc.openbsd bind9-dnsutils:nslookup dash:dash wget:wget; do
+  netcat-openbsd:nc.openbsd bind9-dnsutils:nslookup dash:dash wget:wget make:make; do
   command -v "${pkg_cmd#*:}" >/dev/null 2>&1 || need+=("${pkg_cmd%%:*}")
 done
 # The guest's initramfs needs a statically linked /bin/busybox.
 (ldd /bin/busybox 2>&1 || true) | grep -q 'not a dynamic' || need+=(busybox-static)
 # The CNI plugins kubelet's Pods are wired with.
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
-# cargo links through cc; rustup does not bring one; the pause image is C.
+# cargo links through cc; rustup does not bring one; the pause image is C, and so is
+# jemalloc, the agent's allocator (built with make).
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 # pip for the Helm library below (not needed once the library is importable).
 if ! python3 -c 'import helm_python' 2>/dev/null && ! python3 -m pip --version >/dev/null 2>&1; then

@@ -141,3 +141,27 @@ pub fn cold_sync_from_manifests(services: usize, config: &str, extra: &[&str]) -
         said: String::from_utf8_lossy(&res.stdout).trim().to_string(),
     }
 }
+
+/// An environment knob, or `default` when unset or unparsable.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A `/proc/<pid>/status` size in MiB: `VmRSS` now, `VmHWM` the peak.
+pub fn status_mib(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}

@@ -471,7 +471,9 @@ fn json_lists_decode_item_by_item_as_whole_documents_did() {
     let node = r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}"#;
     let cidr = r#"{"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR", "metadata": {"name": "c"}, "spec": {"cidrs": ["10.96.0.0/16"]}}"#;
     let svc = |spec: &str| {
-        format!(r#"{{"apiVersion": "v1", "kind": "Service", "metadata": {{"name": "a", "namespace": "ns"}}, "spec": {spec}}}"#)
+        format!(
+            r#"{{"apiVersion": "v1", "kind": "Service", "metadata": {{"name": "a", "namespace": "ns"}}, "spec": {spec}}}"#
+        )
     };
     let inputs = [
         serde_json::to_string_pretty(&list).unwrap(),
