@@ -31,7 +31,7 @@ pub struct Manifests {
 /// (kind, namespace, name) of an object, for finding one defined twice.
 pub(crate) type Identity = (&'static str, String, String);
 
-fn identity(o: &Object) -> Identity {
+pub(crate) fn identity(o: &Object) -> Identity {
     let (kind, meta, namespaced) = match o {
         Object::Service(s) => ("Service", &s.metadata, true),
         Object::EndpointSlice(s) => ("EndpointSlice", &s.metadata, true),

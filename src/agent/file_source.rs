@@ -1,14 +1,17 @@
 //! Manifest files as a source. A dedicated thread looks at the path every [`POLL`]: it lists
 //! the files (recursively, without reading them) and stamps each one (inode, size, times); only
 //! a file whose stamp changed, or a new one, is read and parsed again, and the other files'
-//! objects come from the last read. When anything changed and every file parses, each kind's
-//! complete set is reported. A file that fails to parse is reported once and the previous
+//! objects come from the last read. The first read reports each kind's complete set; after
+//! that, when anything changed and every file parses, only the difference is reported: the
+//! objects of the files read again or newly winning a duplicate, and the deletions of what is
+//! no longer defined anywhere. So one edited file costs its own parse and its own objects,
+//! whatever else the path holds. A file that fails to parse is reported once and the previous
 //! objects stay in effect; it is read again only when its stamp changes. A file that could not
 //! be read at all (permissions, I/O) is retried with exponential backoff up to [`MAX_BACKOFF`].
 //! The agent's loop never waits for a file: a hung read holds only this thread.
 
-use super::store::{Arrival, Kind, SourceEvent};
-use crate::manifests::{self, ManifestError, Manifests, Object, Stamp};
+use super::store::{self, Arrival, Kind, ObjectKey, SourceEvent};
+use crate::manifests::{self, Identity, ManifestError, Manifests, Object, Stamp};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -64,6 +67,16 @@ struct Entry {
     parsed: Result<Vec<Object>, ManifestError>,
 }
 
+/// Where the copy of an object that is in effect was read: the file and the object's place
+/// in it, with the kind and key the store knows it by.
+#[derive(Debug, Clone, PartialEq)]
+struct Winner {
+    path: PathBuf,
+    index: usize,
+    kind: Kind,
+    key: ObjectKey,
+}
+
 /// The manifest path's files as last read, and what has been reported about them.
 pub struct Watcher {
     path: PathBuf,
@@ -82,6 +95,10 @@ pub struct Watcher {
     backoff: Duration,
     /// Files read and parsed so far (for tests).
     reads: u64,
+    /// Each object reported, and where its copy in effect came from.
+    shown: BTreeMap<Identity, Winner>,
+    /// Files read again, added or removed since the last report.
+    touched: BTreeSet<PathBuf>,
 }
 
 impl Watcher {
@@ -97,6 +114,8 @@ impl Watcher {
             retry_at: None,
             backoff: POLL,
             reads: 0,
+            shown: BTreeMap::new(),
+            touched: BTreeSet::new(),
         }
     }
 
@@ -127,6 +146,7 @@ impl Watcher {
                 None => {
                     changed = true;
                     self.reads += 1;
+                    self.touched.insert(found.path.clone());
                     match manifests::read_file(&found, self.cap) {
                         Ok((stamp, objects)) => Entry {
                             stamp,
@@ -143,6 +163,7 @@ impl Watcher {
             self.files.insert(found.path, entry);
         }
         changed |= !old.is_empty();
+        self.touched.extend(old.into_keys());
         let unreadable = self
             .files
             .values()
@@ -193,6 +214,77 @@ impl Watcher {
         m
     }
 
+    /// The copy in effect of every object, in path and then document order (the last copy
+    /// wins, as in [`Watcher::merged`]), and the warnings about objects defined twice.
+    fn winners(&self) -> (BTreeMap<Identity, Winner>, Vec<String>) {
+        let mut out: BTreeMap<Identity, Winner> = BTreeMap::new();
+        let mut twice = Vec::new();
+        for (path, objects) in self
+            .files
+            .iter()
+            .filter_map(|(p, e)| e.parsed.as_ref().ok().map(|o| (p, o)))
+        {
+            for (index, o) in objects.iter().enumerate() {
+                let id = manifests::identity(o);
+                let winner = Winner {
+                    path: path.clone(),
+                    index,
+                    kind: store::kind_of(o),
+                    key: store::object_key(o),
+                };
+                if let Some(earlier) = out.insert(id.clone(), winner) {
+                    let (kind, ns, name) = &id;
+                    let shown = if ns.is_empty() {
+                        name.clone()
+                    } else {
+                        format!("{ns}/{name}")
+                    };
+                    twice.push(format!(
+                        "{kind} {shown} is defined twice, at {} and at {}; the later one is used whole",
+                        manifests::place(&earlier.path, earlier.index),
+                        manifests::place(path, index)
+                    ));
+                }
+            }
+        }
+        (out, twice)
+    }
+
+    /// The events that move the store from what was last reported to what the files hold
+    /// now: only the objects of touched files (or whose winning copy moved), and deletions.
+    fn difference(&mut self) -> Vec<SourceEvent> {
+        let (winners, twice) = self.winners();
+        for d in &twice {
+            tracing::warn!("{d}");
+        }
+        let mut events = Vec::new();
+        for (id, w) in &self.shown {
+            // Gone, or its copy in effect now carries another key (a namespace left out in
+            // one copy and written as `default` in the other).
+            let rekeyed = winners.get(id).is_some_and(|now| now.key != w.key);
+            if rekeyed || !winners.contains_key(id) {
+                events.push(SourceEvent::Delete(w.kind, w.key.clone()));
+            }
+        }
+        for (id, w) in &winners {
+            let moved = self.shown.get(id).is_none_or(|old| old.path != w.path);
+            if !moved && !self.touched.contains(&w.path) {
+                continue;
+            }
+            let object = self
+                .files
+                .get(&w.path)
+                .and_then(|e| e.parsed.as_ref().ok())
+                .and_then(|objects| objects.get(w.index));
+            if let Some(o) = object {
+                events.push(SourceEvent::Apply(o.clone()));
+            }
+        }
+        self.shown = winners;
+        self.touched.clear();
+        events
+    }
+
     /// Look at the path once: the events to send when something changed and everything
     /// parses.
     pub fn poll(&mut self, now: Instant) -> Option<Vec<SourceEvent>> {
@@ -209,8 +301,13 @@ impl Watcher {
         if !std::mem::take(&mut self.pending) {
             return None;
         }
-        tracing::info!("{}: manifests changed", self.path.display());
-        Some(replace_all(self.merged()))
+        let events = self.difference();
+        tracing::info!(
+            "{}: manifests changed; {} objects to apply or delete",
+            self.path.display(),
+            events.len()
+        );
+        Some(events)
     }
 }
 
@@ -225,6 +322,8 @@ pub fn initial(path: &Path) -> Result<(Vec<SourceEvent>, Watcher), ManifestError
         }));
     }
     let events = replace_all(w.merged());
+    (w.shown, _) = w.winners();
+    w.touched.clear();
     Ok((events, w))
 }
 
@@ -259,25 +358,52 @@ mod tests {
         )
     }
 
-    /// name=clusterIP of each Service the events replace the Services with.
-    fn services(events: &[SourceEvent]) -> Vec<String> {
-        events
-            .iter()
-            .find_map(|e| match e {
-                SourceEvent::Replace(Kind::Service, objs) => Some(objs),
-                _ => None,
-            })
-            .unwrap()
-            .iter()
-            .map(|o| match o {
-                Object::Service(s) => format!(
-                    "{}={}",
-                    s.metadata.name.as_deref().unwrap(),
-                    s.spec.as_ref().unwrap().cluster_ip.as_deref().unwrap()
-                ),
-                _ => panic!("not a Service"),
-            })
-            .collect()
+    /// What a store holds after the events, as the store applies them: by kind and key.
+    #[derive(Default)]
+    struct View(BTreeMap<(Kind, ObjectKey), Object>);
+
+    impl View {
+        fn apply(&mut self, events: Vec<SourceEvent>) {
+            for e in events {
+                match e {
+                    SourceEvent::Replace(kind, objects) => {
+                        self.0.retain(|(k, _), _| *k != kind);
+                        for o in objects {
+                            self.0
+                                .insert((store::kind_of(&o), store::object_key(&o)), o);
+                        }
+                    }
+                    SourceEvent::Apply(o) => {
+                        self.0
+                            .insert((store::kind_of(&o), store::object_key(&o)), o);
+                    }
+                    SourceEvent::Delete(kind, key) => {
+                        self.0.remove(&(kind, key));
+                    }
+                }
+            }
+        }
+
+        /// name=clusterIP of each Service held, in key order.
+        fn services(&self) -> Vec<String> {
+            self.0
+                .values()
+                .filter_map(|o| match o {
+                    Object::Service(s) => Some(format!(
+                        "{}={}",
+                        s.metadata.name.as_deref().unwrap(),
+                        s.spec.as_ref().unwrap().cluster_ip.as_deref().unwrap()
+                    )),
+                    _ => None,
+                })
+                .collect()
+        }
+    }
+
+    /// `view` after `events`: its Services.
+    fn services(view: &mut View, events: Vec<SourceEvent>) -> Vec<String> {
+        view.apply(events);
+        view.services()
     }
 
     fn write_in_place(path: &Path, text: &str) {
@@ -300,8 +426,9 @@ mod tests {
         let c = d.join("sub/deeper/c.yaml");
         std::fs::write(&c, svc("c", "172.30.0.3")).unwrap();
         let (events, mut w) = initial(d).unwrap();
+        let mut view = View::default();
         assert_eq!(
-            services(&events),
+            services(&mut view, events),
             ["a=172.30.0.1", "b=172.30.0.2", "c=172.30.0.3"]
         );
         assert_eq!(w.reads, 3);
@@ -312,8 +439,9 @@ mod tests {
         // Edited in place, two levels down: only that file is read again.
         write_in_place(&c, &svc("c", "172.30.0.33"));
         let events = w.poll(now).expect("the edit is noticed");
+        assert_eq!(events.len(), 1, "only the edited file's object: {events:?}");
         assert_eq!(
-            services(&events),
+            services(&mut view, events),
             ["a=172.30.0.1", "b=172.30.0.2", "c=172.30.0.33"]
         );
         assert_eq!(w.reads, 4);
@@ -321,7 +449,14 @@ mod tests {
         // A file removed: nothing read, its objects go.
         std::fs::remove_file(d.join("a.yaml")).unwrap();
         let events = w.poll(now).expect("the removal is noticed");
-        assert_eq!(services(&events), ["b=172.30.0.2", "c=172.30.0.33"]);
+        assert!(
+            matches!(&events[..], [SourceEvent::Delete(Kind::Service, _)]),
+            "{events:?}"
+        );
+        assert_eq!(
+            services(&mut view, events),
+            ["b=172.30.0.2", "c=172.30.0.33"]
+        );
         assert_eq!(w.reads, 4);
         assert!(w.poll(now).is_none());
     }
@@ -332,7 +467,9 @@ mod tests {
         let d = dir.path();
         let a = d.join("a.yaml");
         std::fs::write(&a, svc("a", "172.30.0.1")).unwrap();
-        let (_, mut w) = initial(d).unwrap();
+        let (events, mut w) = initial(d).unwrap();
+        let mut view = View::default();
+        view.apply(events);
         let broken = d.join("broken.yaml");
         std::fs::write(&broken, "kind: Service\nspec: [\n").unwrap();
         let t0 = Instant::now();
@@ -350,7 +487,10 @@ mod tests {
         // Fixed: reported at once, with the edit made while it was broken.
         write_in_place(&broken, &svc("d", "172.30.0.4"));
         let events = w.poll(t0 + POLL * 102).expect("the fix is noticed");
-        assert_eq!(services(&events), ["a=172.30.0.11", "d=172.30.0.4"]);
+        assert_eq!(
+            services(&mut view, events),
+            ["a=172.30.0.11", "d=172.30.0.4"]
+        );
         assert_eq!(w.reads, 4);
         assert!(w.poll(t0 + POLL * 103).is_none());
     }
@@ -360,7 +500,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         std::fs::write(d.join("a.yaml"), svc("a", "172.30.0.1")).unwrap();
-        let (_, mut w) = initial(d).unwrap();
+        let (events, mut w) = initial(d).unwrap();
+        let mut view = View::default();
+        view.apply(events);
         // Not UTF-8: a read error, which (unlike a parse error) is tried again unchanged.
         let bad = d.join("bad.yaml");
         std::fs::write(&bad, [0xff, 0xfe, b'\n']).unwrap();
@@ -383,7 +525,10 @@ mod tests {
         // A change is read at once, whatever the backoff.
         write_in_place(&bad, &svc("b", "172.30.0.2"));
         let events = w.poll(t0 + POLL * 301).expect("the fix is noticed");
-        assert_eq!(services(&events), ["a=172.30.0.1", "b=172.30.0.2"]);
+        assert_eq!(
+            services(&mut view, events),
+            ["a=172.30.0.1", "b=172.30.0.2"]
+        );
         assert_eq!(w.backoff, POLL);
     }
 
@@ -396,5 +541,88 @@ mod tests {
         assert!(e.contains("z.yaml: not valid YAML"), "{e}");
         let e = initial(&dir.path().join("gone")).err().unwrap().to_string();
         assert!(e.contains("gone: cannot read"), "{e}");
+    }
+
+    /// After the first report only differences go out, and they leave the store where a
+    /// complete report would: an object moving between files, a duplicate whose later copy
+    /// goes (the earlier one is in effect again), a copy that differs only in spelling its
+    /// namespace, and an edit among many files that sends that file's objects alone.
+    #[test]
+    fn file_source_reports_differences_that_equal_a_complete_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let many: String = (0..50)
+            .map(|i| svc(&format!("m{i}"), &format!("172.30.1.{i}")))
+            .collect::<Vec<_>>()
+            .join("---\n");
+        std::fs::write(d.join("many.yaml"), &many).unwrap();
+        std::fs::write(d.join("a.yaml"), svc("a", "172.30.0.1")).unwrap();
+        std::fs::write(d.join("b.yaml"), svc("b", "172.30.0.2")).unwrap();
+        let (events, mut w) = initial(d).unwrap();
+        let mut view = View::default();
+        view.apply(events);
+        let t = Instant::now();
+        // What a complete report of the files as they are would hold.
+        let complete = |w: &Watcher| {
+            let mut v = View::default();
+            v.apply(replace_all(w.merged()));
+            v.services()
+        };
+
+        // `a` moves from a.yaml to b.yaml.
+        std::fs::write(d.join("a.yaml"), "").unwrap();
+        std::fs::write(
+            d.join("b.yaml"),
+            format!("{}---\n{}", svc("b", "172.30.0.2"), svc("a", "172.30.0.11")),
+        )
+        .unwrap();
+        let events = w.poll(t).expect("the move is noticed");
+        assert!(
+            events.iter().all(|e| matches!(e, SourceEvent::Apply(_))),
+            "a move is no deletion: {events:?}"
+        );
+        assert!(services(&mut view, events).contains(&"a=172.30.0.11".to_string()));
+        assert_eq!(view.services(), complete(&w));
+
+        // A duplicate in a later file wins; when it goes, the earlier copy is back.
+        std::fs::write(d.join("c.yaml"), svc("b", "172.30.0.22")).unwrap();
+        view.apply(w.poll(t).expect("the duplicate is noticed"));
+        assert!(view.services().contains(&"b=172.30.0.22".to_string()));
+        std::fs::remove_file(d.join("c.yaml")).unwrap();
+        view.apply(w.poll(t).expect("the removal is noticed"));
+        assert!(view.services().contains(&"b=172.30.0.2".to_string()));
+        assert_eq!(view.services(), complete(&w));
+
+        // The same Service with its namespace written out: the store's key changes.
+        std::fs::write(
+            d.join("d.yaml"),
+            "apiVersion: v1\nkind: Service\nmetadata: { name: nons }\nspec: { clusterIP: 172.30.0.9, ports: [{ port: 80 }] }\n",
+        )
+        .unwrap();
+        view.apply(w.poll(t).expect("the new file is noticed"));
+        std::fs::write(
+            d.join("e.yaml"),
+            "apiVersion: v1\nkind: Service\nmetadata: { name: nons, namespace: default }\nspec: { clusterIP: 172.30.0.10, ports: [{ port: 80 }] }\n",
+        )
+        .unwrap();
+        view.apply(w.poll(t).expect("the second copy is noticed"));
+        assert_eq!(
+            view.services()
+                .iter()
+                .filter(|s| s.starts_with("nons="))
+                .count(),
+            1,
+            "{:?}",
+            view.services()
+        );
+        assert_eq!(view.services(), complete(&w));
+
+        // One edit among many objects: that file's one object alone.
+        write_in_place(&d.join("a.yaml"), &svc("z", "172.30.0.26"));
+        let events = w.poll(t).expect("the edit is noticed");
+        assert_eq!(events.len(), 1, "{events:?}");
+        view.apply(events);
+        assert_eq!(view.services(), complete(&w));
+        assert_eq!(view.services().len(), 50 + 4);
     }
 }

@@ -76,7 +76,7 @@ pub enum SourceEvent {
     Replace(Kind, Vec<Object>),
 }
 
-fn kind_of(o: &Object) -> Kind {
+pub fn kind_of(o: &Object) -> Kind {
     match o {
         Object::Service(_) => Kind::Service,
         Object::EndpointSlice(_) => Kind::EndpointSlice,
