@@ -64,7 +64,44 @@ pub fn replace_all(m: Manifests) -> Vec<SourceEvent> {
 /// One file as last read: the stamp of the version read and its objects, or why it failed.
 struct Entry {
     stamp: Stamp,
-    parsed: Result<Vec<Object>, ManifestError>,
+    /// The path named on the command line (see [`manifests::Found`]).
+    named: bool,
+    parsed: Result<Objects, ManifestError>,
+}
+
+/// What identifies an object once the store has it: its identity among the files, and the
+/// kind and key the store knows it by.
+#[derive(Debug, Clone, PartialEq)]
+struct Known {
+    id: Identity,
+    kind: Kind,
+    key: ObjectKey,
+}
+
+impl Known {
+    fn of(o: &Object) -> Known {
+        Known {
+            id: manifests::identity(o),
+            kind: store::kind_of(o),
+            key: store::object_key(o),
+        }
+    }
+}
+
+/// A file's objects: whole until they are reported, then only what identifies them, since
+/// the store has them (10k services from files kept about 90 MB of whole objects here).
+enum Objects {
+    Whole(Vec<Object>),
+    Known(Vec<Known>),
+}
+
+impl Objects {
+    fn known(&self) -> Box<dyn Iterator<Item = std::borrow::Cow<'_, Known>> + '_> {
+        match self {
+            Objects::Whole(v) => Box::new(v.iter().map(|o| std::borrow::Cow::Owned(Known::of(o)))),
+            Objects::Known(v) => Box::new(v.iter().map(std::borrow::Cow::Borrowed)),
+        }
+    }
 }
 
 /// Where the copy of an object that is in effect was read: the file and the object's place
@@ -150,11 +187,13 @@ impl Watcher {
                     match manifests::read_file(&found, self.cap) {
                         Ok((stamp, objects)) => Entry {
                             stamp,
-                            parsed: Ok(objects),
+                            named: found.named,
+                            parsed: Ok(Objects::Whole(objects)),
                         },
                         // The listing's stamp: the next poll reads again only if it changes.
                         Err(e) => Entry {
                             stamp: found.stamp,
+                            named: found.named,
                             parsed: Err(e),
                         },
                     }
@@ -198,15 +237,15 @@ impl Watcher {
         self.files.remove(&path).and_then(|e| e.parsed.err())
     }
 
-    /// Every file's objects, in path order (as [`manifests::load`] reads them).
+    /// Every file's objects, in path order (as [`manifests::load`] reads them): those of
+    /// files read and not reported yet (at the first report, all of them).
     fn merged(&self) -> Manifests {
         let mut m = Manifests::default();
         let mut seen = std::collections::BTreeMap::new();
-        for (path, objects) in self
-            .files
-            .iter()
-            .filter_map(|(p, e)| e.parsed.as_ref().ok().map(|o| (p, o)))
-        {
+        for (path, objects) in self.files.iter().filter_map(|(p, e)| match &e.parsed {
+            Ok(Objects::Whole(o)) => Some((p, o)),
+            _ => None,
+        }) {
             for (i, o) in objects.iter().enumerate() {
                 m.push(o.clone(), manifests::place(path, i), &mut seen);
             }
@@ -222,15 +261,15 @@ impl Watcher {
         for (path, objects) in self
             .files
             .iter()
-            .filter_map(|(p, e)| e.parsed.as_ref().ok().map(|o| (p, o)))
+            .filter_map(|(p, e)| e.parsed.as_ref().ok().map(|o| (p, o.known())))
         {
-            for (index, o) in objects.iter().enumerate() {
-                let id = manifests::identity(o);
+            for (index, known) in objects.enumerate() {
+                let Known { id, kind, key } = known.into_owned();
                 let winner = Winner {
                     path: path.clone(),
                     index,
-                    kind: store::kind_of(o),
-                    key: store::object_key(o),
+                    kind,
+                    key,
                 };
                 if let Some(earlier) = out.insert(id.clone(), winner) {
                     let (kind, ns, name) = &id;
@@ -250,10 +289,78 @@ impl Watcher {
         (out, twice)
     }
 
+    /// Whether the copy in effect of `id` must be sent: it is new, or it moved to another
+    /// file, or its file was read again.
+    fn to_send(&self, id: &Identity, w: &Winner) -> bool {
+        let moved = self.shown.get(id).is_none_or(|old| old.path != w.path);
+        moved || self.touched.contains(&w.path)
+    }
+
+    /// Files whose objects must be sent but were reported and not kept (the earlier copy of
+    /// an object defined twice, in effect again): read them again, at most once per file and
+    /// report. Then the copies in effect and the warnings about objects defined twice, as
+    /// [`Watcher::winners`] gives them; `None` if one of those files fails now.
+    fn read_back(&mut self) -> Option<(BTreeMap<Identity, Winner>, Vec<String>)> {
+        let mut tried = BTreeSet::new();
+        loop {
+            let (winners, twice) = self.winners();
+            let missing: BTreeSet<PathBuf> = winners
+                .iter()
+                .filter(|(id, w)| self.to_send(id, w))
+                .filter(|(_, w)| {
+                    matches!(
+                        self.files.get(&w.path).map(|e| &e.parsed),
+                        Some(Ok(Objects::Known(_)))
+                    )
+                })
+                .map(|(_, w)| w.path.clone())
+                .filter(|p| !tried.contains(p))
+                .collect();
+            if missing.is_empty() {
+                return Some((winners, twice));
+            }
+            for path in missing {
+                let Some(entry) = self.files.get_mut(&path) else {
+                    continue;
+                };
+                let found = manifests::Found {
+                    path: path.clone(),
+                    stamp: entry.stamp,
+                    named: entry.named,
+                };
+                self.reads += 1;
+                match manifests::read_file(&found, self.cap) {
+                    Ok((stamp, objects)) => {
+                        entry.stamp = stamp;
+                        entry.parsed = Ok(Objects::Whole(objects));
+                    }
+                    Err(e) => {
+                        entry.parsed = Err(e);
+                        return None;
+                    }
+                }
+                self.touched.insert(path.clone());
+                tried.insert(path);
+            }
+        }
+    }
+
+    /// Reported objects are the store's now: keep only what identifies them.
+    fn forget_objects(&mut self) {
+        for e in self.files.values_mut() {
+            if let Ok(Objects::Whole(v)) = &e.parsed {
+                e.parsed = Ok(Objects::Known(v.iter().map(Known::of).collect()));
+            }
+        }
+    }
+
     /// The events that move the store from what was last reported to what the files hold
     /// now: only the objects of touched files (or whose winning copy moved), and deletions.
-    fn difference(&mut self) -> Vec<SourceEvent> {
-        let (winners, twice) = self.winners();
+    fn difference(
+        &mut self,
+        winners: BTreeMap<Identity, Winner>,
+        twice: Vec<String>,
+    ) -> Vec<SourceEvent> {
         for d in &twice {
             tracing::warn!("{d}");
         }
@@ -267,41 +374,57 @@ impl Watcher {
             }
         }
         for (id, w) in &winners {
-            let moved = self.shown.get(id).is_none_or(|old| old.path != w.path);
-            if !moved && !self.touched.contains(&w.path) {
+            if !self.to_send(id, w) {
                 continue;
             }
-            let object = self
-                .files
-                .get(&w.path)
-                .and_then(|e| e.parsed.as_ref().ok())
-                .and_then(|objects| objects.get(w.index));
-            if let Some(o) = object {
-                events.push(SourceEvent::Apply(o.clone()));
+            let object = match self.files.get(&w.path).map(|e| &e.parsed) {
+                Some(Ok(Objects::Whole(objects))) => objects.get(w.index),
+                _ => None,
+            };
+            match object {
+                Some(o) => events.push(SourceEvent::Apply(o.clone())),
+                // `read_back` read every such file; not reached.
+                None => tracing::warn!(
+                    "{}: object {} is in effect but was not kept; it is sent when its file next changes",
+                    w.path.display(),
+                    w.index + 1
+                ),
             }
         }
         self.shown = winners;
         self.touched.clear();
+        self.forget_objects();
         events
+    }
+
+    /// Logs the first reason the objects cannot be taken as they are, once while it lasts;
+    /// true if there is one.
+    fn blocked(&mut self) -> bool {
+        let Some(e) = self.error() else {
+            self.reported = None;
+            return false;
+        };
+        let msg = e.to_string();
+        if self.reported.as_ref() != Some(&msg) {
+            tracing::error!("{msg}; the previous manifests stay in effect");
+            self.reported = Some(msg);
+        }
+        true
     }
 
     /// Look at the path once: the events to send when something changed and everything
     /// parses.
     pub fn poll(&mut self, now: Instant) -> Option<Vec<SourceEvent>> {
         self.pending |= self.refresh(now);
-        if let Some(e) = self.error() {
-            let msg = e.to_string();
-            if self.reported.as_ref() != Some(&msg) {
-                tracing::error!("{msg}; the previous manifests stay in effect");
-                self.reported = Some(msg);
-            }
+        if self.blocked() || !self.pending {
             return None;
         }
-        self.reported = None;
-        if !std::mem::take(&mut self.pending) {
+        let Some((winners, twice)) = self.read_back() else {
+            self.blocked();
             return None;
-        }
-        let events = self.difference();
+        };
+        self.pending = false;
+        let events = self.difference(winners, twice);
         tracing::info!(
             "{}: manifests changed; {} objects to apply or delete",
             self.path.display(),
@@ -324,6 +447,7 @@ pub fn initial(path: &Path) -> Result<(Vec<SourceEvent>, Watcher), ManifestError
     let events = replace_all(w.merged());
     (w.shown, _) = w.winners();
     w.touched.clear();
+    w.forget_objects();
     Ok((events, w))
 }
 
@@ -562,10 +686,10 @@ mod tests {
         let mut view = View::default();
         view.apply(events);
         let t = Instant::now();
-        // What a complete report of the files as they are would hold.
-        let complete = |w: &Watcher| {
+        // What a complete report of the files as they are would hold: a first read.
+        let complete = |_: &Watcher| {
             let mut v = View::default();
-            v.apply(replace_all(w.merged()));
+            v.apply(initial(d).unwrap().0);
             v.services()
         };
 
@@ -589,8 +713,20 @@ mod tests {
         view.apply(w.poll(t).expect("the duplicate is noticed"));
         assert!(view.services().contains(&"b=172.30.0.22".to_string()));
         std::fs::remove_file(d.join("c.yaml")).unwrap();
+        let reads = w.reads;
         view.apply(w.poll(t).expect("the removal is noticed"));
         assert!(view.services().contains(&"b=172.30.0.2".to_string()));
+        assert_eq!(
+            w.reads,
+            reads + 1,
+            "b.yaml's objects were not kept: it is read again for its copy of b"
+        );
+        assert!(
+            w.files
+                .values()
+                .all(|e| matches!(e.parsed, Ok(Objects::Known(_)))),
+            "reported objects are not kept"
+        );
         assert_eq!(view.services(), complete(&w));
 
         // The same Service with its namespace written out: the store's key changes.
