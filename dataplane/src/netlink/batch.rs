@@ -103,7 +103,9 @@ impl Batch {
             });
         }
         let ours = seq_of(0)..seq_of(self.count);
+        let mut added = None;
         if crate::fault::injected_at(|| "nf_tables-batch-last".into()).is_some() {
+            added = Some(seq_of(self.count));
             // A real refusal after all of ours: the kernel has done their work when it
             // meets this one, and must undo it.
             self.push(NFT_MSG_DELTABLE, 0, NFPROTO_IPV4, |a| {
@@ -159,7 +161,7 @@ impl Batch {
         };
         let op = if ours.contains(&seq) {
             format!("{what}, at {}", about(seq.wrapping_sub(seq_of(0)) as usize))
-        } else if seq != fence && seq != BEGIN && seq != end {
+        } else if added == Some(seq) {
             format!("{what}, at the message SWITCHYARD_FAULTS added")
         } else {
             what.to_string()
