@@ -21,7 +21,7 @@ mod apiserver;
 mod exposition;
 
 mod common;
-use common::{env_or, status_mib};
+use common::{cpu_seconds, env_or, status_mib};
 
 use exposition::{buckets, quantile, v4, value};
 use serde_json::{json, Value};
@@ -62,20 +62,6 @@ fn scrape(ns: &str) -> String {
         Ok(out)
     })
     .unwrap_or_default()
-}
-
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r.split_whitespace().collect())
-        .unwrap_or_default();
-    // utime and stime are fields 14 and 15; after the ")" they are at 11 and 12.
-    let ticks: f64 = fields
-        .get(11..13)
-        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
-        .unwrap_or(0.0);
-    ticks / 100.0
 }
 
 fn main() {

@@ -38,9 +38,13 @@ pub(crate) fn identity(o: &Object) -> Identity {
         Object::Node(n) => ("Node", &n.metadata, false),
         Object::ServiceCidr(c) => ("ServiceCIDR", &c.metadata, false),
     };
+    // An empty namespace is the default one, as an absent one is (the store keys both "").
     let ns = match (namespaced, meta.namespace.as_deref()) {
         (false, _) => String::new(),
-        (true, ns) => ns.unwrap_or("default").to_string(),
+        (true, ns) => ns
+            .filter(|n| !n.is_empty())
+            .unwrap_or("default")
+            .to_string(),
     };
     (kind, ns, meta.name.clone().unwrap_or_default())
 }
@@ -356,13 +360,23 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<Object>, ManifestError> {
         || text.trim_start().starts_with('{');
     if json {
         let mut out = Vec::new();
-        let docs = serde_json::Deserializer::from_str(text).into_iter::<&RawValue>();
-        for (i, doc) in docs.enumerate() {
-            let raw = doc.map_err(|e| ManifestError::Syntax {
+        // Each document is checked whole first, as parsing it into a tree checked it (the
+        // same errors, with their document, line and column): skipping over a list's items
+        // as text checks neither nesting depth nor escapes.
+        let mut docs = serde_json::Deserializer::from_str(text).into_iter::<Checked>();
+        let (mut i, mut start) = (0, 0);
+        while let Some(doc) = docs.next() {
+            i += 1;
+            let syntax = |e: serde_json::Error| ManifestError::Syntax {
                 path: path.to_path_buf(),
-                doc: i + 1,
+                doc: i,
                 message: e.to_string(),
-            })?;
+            };
+            doc.map_err(syntax)?;
+            let end = docs.byte_offset();
+            let raw: &RawValue =
+                serde_json::from_str(text.get(start..end).unwrap_or_default()).map_err(syntax)?;
+            start = end;
             collect_raw(raw, path, &mut out)?;
         }
         return Ok(out);
@@ -572,6 +586,68 @@ fn collect(
     })
 }
 
+/// A JSON value walked whole and built into nothing: what parsing it into a
+/// `serde_json::Value` checks (nesting at most 128 deep, escapes, numbers), without the tree.
+struct Checked;
+
+impl<'de> serde::Deserialize<'de> for Checked {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Checked, D::Error> {
+        d.deserialize_any(CheckedVisitor)
+    }
+}
+
+struct CheckedVisitor;
+
+impl<'de> serde::de::Visitor<'de> for CheckedVisitor {
+    type Value = Checked;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_unit<E>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_none<E>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Checked, D::Error> {
+        <Checked as serde::Deserialize>::deserialize(d)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_entry::<Checked, Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+}
+
 /// What a JSON object says of itself before it is decoded: its type, and a list's items as
 /// text. Anything else in it is skipped over, not built.
 #[derive(serde::Deserialize)]
@@ -591,7 +667,12 @@ struct Head<'a> {
 /// as it is (a document that is not an object, a field of the wrong type, an object that
 /// fails to decode) goes the `Value` way, which gives the errors their wording.
 fn collect_raw(raw: &RawValue, path: &Path, out: &mut Vec<Object>) -> Result<(), ManifestError> {
-    let Ok(head) = serde_json::from_str::<Head<'_>>(raw.get()) else {
+    // Only an object has a kind: `Head` would also take an array's elements as its fields.
+    let head = match raw.get().starts_with('{') {
+        true => serde_json::from_str::<Head<'_>>(raw.get()).ok(),
+        false => None,
+    };
+    let Some(head) = head else {
         return collect(value_of(raw, path)?, path, out);
     };
     let kind = head.kind.as_deref().unwrap_or_default();
@@ -627,7 +708,8 @@ fn typed<T: serde::de::DeserializeOwned>(raw: &RawValue) -> Option<T> {
     serde_json::from_str(raw.get()).ok()
 }
 
-/// `raw` as a tree; it parsed once already, so an error here is only a limit (nesting).
+/// `raw` as a tree. Its document was checked as a tree already ([`Checked`]), so this does
+/// not fail; the error is kept for the type's sake.
 fn value_of(raw: &RawValue, path: &Path) -> Result<serde_json::Value, ManifestError> {
     serde_json::from_str(raw.get()).map_err(|e| ManifestError::Syntax {
         path: path.to_path_buf(),

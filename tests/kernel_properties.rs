@@ -95,7 +95,7 @@ fn service(
     let mut ports = Vec::new();
     let mut endpoints = BTreeMap::new();
     let count = 1 + rng.below(3);
-    // A contested front end: the cluster IP of service 0, on the same port.
+    // A contested front end: the cluster IP of service 0, on port 80 as its first port.
     let contested = i > 0 && rng.one_in(6);
     for k in 0..count {
         let port_name = match (count, rng.below(3)) {
@@ -105,7 +105,11 @@ fn service(
         };
         let protocol = rng.pick(&protocols);
         let name = ServicePortName::new(&namespace, &name, &port_name, protocol);
-        let port = if contested { 80 } else { rng.pick(&edge_ports) };
+        let port = if contested || (i == 0 && k == 0) {
+            80
+        } else {
+            rng.pick(&edge_ports)
+        };
         let node_port = if rng.one_in(2) {
             rng.pick(&[30000u16, 32767, 30000 + (i * 10 + k) as u16])
         } else {

@@ -165,3 +165,18 @@ pub fn status_mib(pid: u32, field: &str) -> f64 {
         })
         .map_or(0.0, |kb| kb / 1024.0)
 }
+
+/// utime + stime of a process, in seconds.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime are fields 14 and 15; after the ")" they are at 11 and 12.
+    let ticks: f64 = fields
+        .get(11..13)
+        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
+        .unwrap_or(0.0);
+    ticks / 100.0
+}

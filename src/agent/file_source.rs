@@ -4,8 +4,9 @@
 //! objects come from the last read. The first read reports each kind's complete set; after
 //! that, when anything changed and every file parses, only the difference is reported: the
 //! objects of the files read again or newly winning a duplicate, and the deletions of what is
-//! no longer defined anywhere. So one edited file costs its own parse and its own objects,
-//! whatever else the path holds. A file that fails to parse is reported once and the previous
+//! no longer defined anywhere. So one edited file costs its own parse and the store's work on
+//! its own objects; working out which copy of each object is in effect still walks every
+//! object's identity once per report. A file that fails to parse is reported once and the previous
 //! objects stay in effect; it is read again only when its stamp changes. A file that could not
 //! be read at all (permissions, I/O) is retried with exponential backoff up to [`MAX_BACKOFF`].
 //! The agent's loop never waits for a file: a hung read holds only this thread.

@@ -456,8 +456,14 @@ fn manifest_read_stops_at_the_size_cap_and_refuses_a_replaced_fifo() {
 /// JSON as it was decoded before lists went item by item: each document whole, as a tree.
 fn parse_json_as_trees(text: &str, path: &Path) -> Result<Vec<Object>, ManifestError> {
     let mut out = Vec::new();
-    for doc in serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>() {
-        collect(doc.unwrap(), path, &mut out)?;
+    let docs = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
+    for (i, doc) in docs.enumerate() {
+        let value = doc.map_err(|e| ManifestError::Syntax {
+            path: path.to_path_buf(),
+            doc: i + 1,
+            message: e.to_string(),
+        })?;
+        collect(value, path, &mut out)?;
     }
     Ok(out)
 }
@@ -497,6 +503,30 @@ fn json_lists_decode_item_by_item_as_whole_documents_did() {
         r#"[1, 2]"#.to_string(),
         r#"{"apiVersion": 1, "kind": "Service"}"#.to_string(),
         "7".to_string(),
+        // An array is no list, whatever its elements.
+        format!(r#"[null, "List", [{node}]]"#),
+        // What skipping over text would not check: nesting past the parser's limit, a lone
+        // surrogate, a number out of range; and a bad object before a syntax error.
+        format!(
+            r#"{{"kind": "List", "items": [{node}, {{"kind": "Node", "apiVersion": "v1", "metadata": {{"name": "d"}}, "x": {}1{}}}]}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        ),
+        format!(
+            r#"{{"kind": "List", "items": [{}]}}"#,
+            r#"{"kind": "List", "items": ["#.repeat(100) + &"]}".repeat(100)
+        ),
+        format!(
+            r#"{{"kind": "List", "items": [{node}, {{"kind": "ConfigMap", "data": {{"a": "\ud800"}}}}]}}"#
+        ),
+        format!(
+            r#"{{"kind": "List", "items": [{node}, {{"kind": "ConfigMap", "data": {{"a": 1e400}}}}]}}"#
+        ),
+        format!(
+            "{}\n{{\"kind\": \"List\", \"items\": [}}",
+            svc(r#"{"ports": [{"port": "x"}]}"#)
+        ),
+        format!("{node}\n\n  {cidr} {{\"kind\": ]"),
     ];
     for text in &inputs {
         let path = Path::new("x.json");
@@ -504,9 +534,11 @@ fn json_lists_decode_item_by_item_as_whole_documents_did() {
             Ok(objects) => format!("{objects:?}"),
             Err(e) => format!("error: {e}"),
         };
-        let now = fmt(parse(text, path));
-        assert_eq!(now, fmt(parse_json_as_trees(text, path)), "{text}");
-        assert!(!now.is_empty());
+        assert_eq!(
+            fmt(parse(text, path)),
+            fmt(parse_json_as_trees(text, path)),
+            "{text}"
+        );
     }
     let objects = parse(&inputs[0], Path::new("x.json")).unwrap();
     assert_eq!(objects.len(), 40, "20 Services and their slices");

@@ -183,10 +183,15 @@ fn drain(
     if let Err(e) = socket.raw().set_non_blocking(true) {
         return Err(socket.io_error(what, e));
     }
+    // The kernel reports an overflow once; an endless stream of them (an injected fault
+    // without a count) must not spin.
+    let mut overflows = 0;
     loop {
         match socket.receive(what) {
             Ok(messages) => messages.iter().for_each(&mut *each),
-            Err(NetlinkError::Socket { error, .. }) if is_enobufs(&error) => {}
+            Err(NetlinkError::Socket { error, .. }) if is_enobufs(&error) && overflows < 64 => {
+                overflows += 1;
+            }
             Err(NetlinkError::Socket { error, .. })
                 if error.kind() == std::io::ErrorKind::WouldBlock =>
             {
