@@ -688,9 +688,11 @@ fn collect_raw(raw: &RawValue, path: &Path, out: &mut Vec<Object>) -> Result<(),
             typed(raw).map(|s| Object::EndpointSlice(Box::new(s)))
         }
         ("v1", "Node") => typed(raw).map(|n| Object::Node(Box::new(n))),
-        ("networking.k8s.io/v1" | "networking.k8s.io/v1beta1", "ServiceCIDR") => {
+        ("networking.k8s.io/v1", "ServiceCIDR") => {
             typed(raw).map(|c| Object::ServiceCidr(Box::new(c)))
         }
+        // The `Value` way gives it v1's apiVersion.
+        ("networking.k8s.io/v1beta1", "ServiceCIDR") => None,
         _ if tracing::enabled!(tracing::Level::DEBUG) => None,
         _ => return Ok(()),
     };
@@ -754,7 +756,12 @@ fn decode_all(
             decode(value).map(|s| Object::EndpointSlice(Box::new(s)))
         }
         ("v1", "Node") => decode(value).map(|n| Object::Node(Box::new(n))),
-        ("networking.k8s.io/v1" | "networking.k8s.io/v1beta1", "ServiceCIDR") => {
+        ("networking.k8s.io/v1", "ServiceCIDR") => {
+            decode(value).map(|c| Object::ServiceCidr(Box::new(c)))
+        }
+        // The same schema; k8s-openapi's type takes only its own apiVersion.
+        ("networking.k8s.io/v1beta1", "ServiceCIDR") => {
+            value["apiVersion"] = "networking.k8s.io/v1".into();
             decode(value).map(|c| Object::ServiceCidr(Box::new(c)))
         }
         _ => {

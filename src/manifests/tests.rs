@@ -543,3 +543,21 @@ fn json_lists_decode_item_by_item_as_whole_documents_did() {
     let objects = parse(&inputs[0], Path::new("x.json")).unwrap();
     assert_eq!(objects.len(), 40, "20 Services and their slices");
 }
+
+/// A ServiceCIDR written as networking.k8s.io/v1beta1 (the same schema as v1) is read, not
+/// refused for its apiVersion, in JSON and YAML.
+#[test]
+fn v1beta1_service_cidrs_are_read_as_v1() {
+    let json = r#"{"apiVersion": "networking.k8s.io/v1beta1", "kind": "ServiceCIDR", "metadata": {"name": "c"}, "spec": {"cidrs": ["10.96.0.0/16"]}}"#;
+    let yaml = "apiVersion: networking.k8s.io/v1beta1\nkind: ServiceCIDR\nmetadata: {name: c}\nspec: {cidrs: [10.96.0.0/16]}\n";
+    for (text, file) in [(json, "c.json"), (yaml, "c.yaml")] {
+        let objects = parse(text, Path::new(file)).unwrap();
+        match &objects[..] {
+            [Object::ServiceCidr(c)] => assert_eq!(
+                c.spec.as_ref().unwrap().cidrs.as_deref(),
+                Some(&["10.96.0.0/16".to_string()][..])
+            ),
+            other => panic!("{file}: {other:?}"),
+        }
+    }
+}
