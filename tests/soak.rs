@@ -289,8 +289,7 @@ fn soak_under_churn_kills_outages_and_flushes() {
     assert!(worst("Flush") <= 1.5, "{text}");
     assert!(worst("ApiOutage") <= 2.5, "{text}");
     assert!(worst("Kill") <= 10.0, "{text}");
-    assert!(
-        slope.abs() <= 5.0,
-        "memory climbs: {slope:.2} MiB/min\n{text}"
-    );
+    // A climb is what a leak looks like; RSS falling as the allocator returns the cold
+    // sync's memory is not (the 30-minute run at 10k measured -15.3 MiB/min there).
+    assert!(slope <= 5.0, "memory climbs: {slope:.2} MiB/min\n{text}");
 }
