@@ -9,7 +9,7 @@ use switchyard::{cli, commands, kube_proxy_cli, logging};
 /// jemalloc with its background thread, not glibc's malloc. glibc kept what each re-read of
 /// a manifest file freed in its per-thread arenas and never gave it back: 10k services in
 /// one file, 315 MiB after the first sync, 504 MiB after 30 edits and still after 15 s idle
-/// (`benches/file_churn.rs`); one arena (MALLOC_ARENA_MAX=1) grew by 46 MiB instead of 189.
+/// (`benches/file_churn.rs`); with one arena (MALLOC_ARENA_MAX=1), 306 then 352 MiB by hand.
 /// jemalloc: 284 MiB, 376 MiB during the edits, 270 MiB idle.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
