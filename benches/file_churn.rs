@@ -23,8 +23,6 @@ use common::{cpu_seconds, env_or, status_mib};
 mod netns;
 
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -76,17 +74,7 @@ fn write_version(path: &Path, text: &str, k: usize) {
 }
 
 fn scrape(ns: &str) -> String {
-    netns::in_netns(ns, || {
-        let mut s = TcpStream::connect("127.0.0.1:10249")?;
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut out = String::new();
-        s.read_to_string(&mut out)?;
-        Ok(out)
-    })
-    .unwrap_or_default()
+    netns::in_netns(ns, || common::http_get("127.0.0.1:10249", "/metrics")).unwrap_or_default()
 }
 
 fn syncs(ns: &str) -> f64 {

@@ -54,6 +54,20 @@ pub(crate) fn place(path: &Path, index: usize) -> String {
     format!("{} (object {})", path.display(), index + 1)
 }
 
+/// The warning about an object defined twice, at `earlier` and at `later` (see
+/// [`place`]): the later copy is used whole.
+pub(crate) fn defined_twice(id: &Identity, earlier: &str, later: &str) -> String {
+    let (kind, ns, name) = id;
+    let shown = if ns.is_empty() {
+        name.clone()
+    } else {
+        format!("{ns}/{name}")
+    };
+    format!(
+        "{kind} {shown} is defined twice, at {earlier} and at {later}; the later one is used whole"
+    )
+}
+
 impl Manifests {
     /// Add `o`, read at `place`. An object defined twice (same kind, namespace and name) is
     /// never merged: the copy read last, in sorted file order and then document order (as
@@ -73,15 +87,7 @@ impl Manifests {
             Object::ServiceCidr(_) => self.service_cidrs.len(),
         };
         if let Some((at, earlier)) = seen.get(&id).cloned() {
-            let (kind, ns, name) = &id;
-            let shown = if ns.is_empty() {
-                name.clone()
-            } else {
-                format!("{ns}/{name}")
-            };
-            self.duplicates.push(format!(
-                "{kind} {shown} is defined twice, at {earlier} and at {place}; the later one is used whole"
-            ));
+            self.duplicates.push(defined_twice(&id, &earlier, &place));
             seen.insert(id, (at, place));
             match o {
                 Object::Service(s) => self.services[at] = *s,

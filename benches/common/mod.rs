@@ -180,3 +180,17 @@ pub fn cpu_seconds(pid: u32) -> f64 {
         .unwrap_or(0.0);
     ticks / 100.0
 }
+
+/// `GET path` from `addr` over a new connection, whole response (head and body): run it in
+/// the namespace of the server (`netns::in_netns`).
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}

@@ -273,16 +273,10 @@ impl Watcher {
                     key,
                 };
                 if let Some(earlier) = out.insert(id.clone(), winner) {
-                    let (kind, ns, name) = &id;
-                    let shown = if ns.is_empty() {
-                        name.clone()
-                    } else {
-                        format!("{ns}/{name}")
-                    };
-                    twice.push(format!(
-                        "{kind} {shown} is defined twice, at {} and at {}; the later one is used whole",
-                        manifests::place(&earlier.path, earlier.index),
-                        manifests::place(path, index)
+                    twice.push(manifests::defined_twice(
+                        &id,
+                        &manifests::place(&earlier.path, earlier.index),
+                        &manifests::place(path, index),
                     ));
                 }
             }
