@@ -363,18 +363,26 @@ fn trace(args: &TraceArgs) -> Result<(), CommandError> {
         },
     );
     if args.json {
-        let (verdict, endpoints, masquerade) = match &t.verdict {
+        let (verdict, endpoints, masquerade, hairpin) = match &t.verdict {
             Verdict::Dnat {
                 endpoints,
                 masquerade,
-            } => ("DNAT", endpoints.clone(), Some(*masquerade)),
-            Verdict::Reject => ("REJECT", Vec::new(), None),
-            Verdict::Drop => ("DROP", Vec::new(), None),
-            Verdict::Accept => ("ACCEPT", Vec::new(), None),
+                hairpin,
+            } => ("DNAT", endpoints.clone(), Some(*masquerade), *hairpin),
+            Verdict::Reject => ("REJECT", Vec::new(), None, None),
+            Verdict::Drop => ("DROP", Vec::new(), None, None),
+            Verdict::Accept => ("ACCEPT", Vec::new(), None, None),
         };
+        // Per endpoint too: a hairpin connection is masqueraded when the others are not.
         let eps: Vec<serde_json::Value> = endpoints
             .iter()
-            .map(|(e, p)| serde_json::json!({ "endpoint": e.to_string(), "probability": p }))
+            .map(|(e, p)| {
+                serde_json::json!({
+                    "endpoint": e.to_string(),
+                    "probability": p,
+                    "masquerade": masquerade == Some(true) || hairpin == Some(*e),
+                })
+            })
             .collect();
         println!(
             "{}",

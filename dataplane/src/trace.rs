@@ -72,7 +72,11 @@ pub enum Verdict {
     /// DNAT to one of `endpoints`, each with its probability.
     Dnat {
         endpoints: Vec<(SocketAddr, f64)>,
+        /// Whether every connection is masqueraded.
         masquerade: bool,
+        /// An endpoint that is the source itself, when `masquerade` is false: the one
+        /// connection masqueraded anyway, or it would answer itself (hairpin).
+        hairpin: Option<SocketAddr>,
     },
     Reject,
     Drop,
@@ -153,6 +157,47 @@ fn find<'a>(s: &'a Snapshot, mode: Mode, p: &Packet) -> Option<(&'a ServicePort,
         })
 }
 
+/// iptables mode filters a node port whose service has no endpoints for outside traffic in
+/// filter INPUT on every local address (`-m addrtype --dst-type LOCAL`), whatever
+/// nodePortAddresses and localhostNodePorts say, as kube-proxy's iptables proxier.go does
+/// (`syncProxyRules`, "Capture nodeports", the `!hasExternalEndpoints` rule in
+/// KUBE-EXTERNAL-SERVICES): rejected when the service has no endpoints at all, else dropped.
+/// This is what meets a node-port packet to a local address the nat rules did not capture.
+fn iptables_node_port_filter(s: &Snapshot, mode: Mode, p: &Packet) -> Option<(Verdict, String)> {
+    let dst = p.destination.ip();
+    if mode != Mode::Iptables || !(dst.is_loopback() || s.node.node_ips.contains(&dst)) {
+        return None;
+    }
+    let family = IpFamily::of(&dst);
+    let port = p.destination.port();
+    s.services.iter().find_map(|((name, f), svc)| {
+        if *f != family || name.protocol != p.protocol || svc.node_port != port {
+            return None;
+        }
+        let sel = selection::select(&s.node, svc, s.endpoints_of(&svc.name));
+        let has_any = !sel.cluster.is_empty();
+        let has_external = match svc.external_traffic_policy {
+            TrafficPolicy::Local => !sel.local.is_empty(),
+            TrafficPolicy::Cluster => has_any,
+        };
+        if has_external {
+            return None;
+        }
+        let (verdict, what) = if has_any {
+            (Verdict::Drop, "no endpoint on this node: dropped")
+        } else {
+            (Verdict::Reject, "no usable endpoints: rejected")
+        };
+        Some((
+            verdict,
+            format!(
+                "node port {port} of {} on a local address its nat rules do not serve: the filter's rule for every local address meets it, {what}",
+                svc.name
+            ),
+        ))
+    })
+}
+
 fn dnat(eps: &[&Endpoint], masquerade: bool, src: IpAddr) -> Verdict {
     let n = eps.len() as f64;
     Verdict::Dnat {
@@ -162,6 +207,10 @@ fn dnat(eps: &[&Endpoint], masquerade: bool, src: IpAddr) -> Verdict {
             .collect(),
         // An endpoint reaching itself is masqueraded, or it would answer itself.
         masquerade: masquerade || eps.iter().all(|e| e.ip == src),
+        hairpin: eps
+            .iter()
+            .find(|e| !masquerade && e.ip == src && eps.len() > 1)
+            .map(|e| SocketAddr::new(e.ip, e.port)),
     }
 }
 
@@ -184,7 +233,10 @@ pub fn trace(s: &Snapshot, mode: Mode, p: &Packet) -> Trace {
     ));
     let Some((svc, fe)) = find(s, mode, p) else {
         let dst = p.destination.ip();
-        let verdict = if s.services.values().any(|v| v.cluster_ip == dst) {
+        let verdict = if let Some((verdict, why)) = iptables_node_port_filter(s, mode, p) {
+            steps.push(why);
+            verdict
+        } else if s.services.values().any(|v| v.cluster_ip == dst) {
             steps.push(format!(
                 "{dst} is a cluster IP, but no service port matches"
             ));
@@ -212,7 +264,7 @@ pub fn trace(s: &Snapshot, mode: Mode, p: &Packet) -> Trace {
     let has_any = !sel.cluster.is_empty();
 
     if fe == Frontend::LoadBalancerIp {
-        let ranges = disjoint_cidrs(&svc.load_balancer_source_ranges, svc.family);
+        let ranges = svc.source_ranges();
         if !ranges.is_empty() {
             let node_in_range = node
                 .primary_ip(svc.family)
@@ -232,6 +284,22 @@ pub fn trace(s: &Snapshot, mode: Mode, p: &Packet) -> Trace {
                 };
             }
         }
+    }
+    let dst = p.destination.ip();
+    let outside = !(dst.is_loopback() || node.node_ips.contains(&dst));
+    if !has_any
+        && mode == Mode::Iptables
+        && p.origin.on_the_node()
+        && outside
+        && matches!(fe, Frontend::ExternalIp | Frontend::LoadBalancerIp)
+    {
+        // kube-proxy's iptables proxier.go puts this reject in KUBE-EXTERNAL-SERVICES, which
+        // only filter INPUT and FORWARD jump to (`iptablesJumpChains`).
+        steps.push("the service has no usable endpoints, but iptables mode rejects that in filter INPUT and FORWARD, which a packet the node sends to an outside address never crosses: not touched".into());
+        return Trace {
+            verdict: Verdict::Accept,
+            steps,
+        };
     }
     if !has_any {
         steps.push("the service has no usable endpoints: rejected".into());
@@ -329,6 +397,7 @@ pub fn render(t: &Trace) -> String {
         Verdict::Dnat {
             endpoints,
             masquerade,
+            hairpin,
         } => {
             let eps: Vec<String> = endpoints
                 .iter()
@@ -336,13 +405,16 @@ pub fn render(t: &Trace) -> String {
                 .collect();
             writeln!(
                 out,
-                "verdict: DNAT to {}; {}",
+                "verdict: DNAT to {}; {}{}",
                 eps.join(", "),
                 if *masquerade {
                     "masqueraded"
                 } else {
                     "source address kept"
-                }
+                },
+                hairpin.map_or(String::new(), |h| format!(
+                    ", but masqueraded when it reaches itself at {h}"
+                ))
             )
         }
         Verdict::Reject => writeln!(out, "verdict: REJECT"),

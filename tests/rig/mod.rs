@@ -20,6 +20,7 @@ pub mod cases;
 pub mod manifests;
 pub mod net;
 pub mod netns;
+pub mod random;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -326,6 +327,25 @@ impl Rig {
         ];
         let router_sysctls: Vec<&str> = common.iter().chain(router.iter()).copied().collect();
         netns::sysctls(&self.node_ns, &router_sysctls);
+        // The node answers every REJECT with an ICMP error, which the kernel also limits
+        // per namespace as a whole (50 at once, 1000 a second by default): raised so that
+        // no probe's error is swallowed. Older kernels keep these global; there -e skips.
+        netns::run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &self.node_ns,
+                "sysctl",
+                "-q",
+                "-e",
+                "-w",
+                "net.ipv4.icmp_msgs_per_sec=100000",
+                "net.ipv4.icmp_msgs_burst=10000",
+            ],
+            None,
+            netns::CMD_TIMEOUT,
+        );
         let ext_ns = self.ext_ns.clone();
         self.new_namespace(&ext_ns);
         let mut ext_sysctls = router_sysctls.clone();

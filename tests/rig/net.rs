@@ -14,6 +14,8 @@ use super::netns::in_netns;
 
 /// How long a client waits for a connection or an answer before calling it a timeout.
 pub const PROBE_TIMEOUT: Duration = Duration::from_millis(1500);
+/// How long a UDP client whose send was refused locally waits for the ICMP error of a REJECT.
+const LOCAL_REJECT_WAIT: Duration = Duration::from_millis(300);
 /// How often serving threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(50);
 
@@ -288,10 +290,22 @@ pub fn probe_udp(ns: &str, source: IpAddr, dest: SocketAddr) -> Outcome {
     if let Err(e) = socket.set_read_timeout(Some(PROBE_TIMEOUT)) {
         return Outcome::Error(e.to_string());
     }
-    if let Err(e) = socket.send(b"probe\n") {
-        return classify(&e);
-    }
     let mut buf = [0u8; 1500];
+    if let Err(e) = socket.send(b"probe\n") {
+        // A REJECT in the local OUTPUT path answers with ICMP port unreachable and drops
+        // the datagram, so send fails with EPERM as for a plain drop; the ICMP error then
+        // reaches the connected socket, and the next receive tells the two apart.
+        return match classify(&e) {
+            Outcome::LocalDrop => {
+                let _ = socket.set_read_timeout(Some(LOCAL_REJECT_WAIT));
+                match socket.recv(&mut buf) {
+                    Err(e) if classify(&e) == Outcome::Refused => Outcome::Refused,
+                    _ => Outcome::LocalDrop,
+                }
+            }
+            other => other,
+        };
+    }
     match socket.recv(&mut buf) {
         Ok(n) => {
             let line = String::from_utf8_lossy(&buf[..n]).to_string();
