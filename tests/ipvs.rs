@@ -472,3 +472,121 @@ fn ipvs_differences_name_known_scenarios() {
         );
     }
 }
+
+#[test]
+fn ipvs_random_walks_in_guest() {
+    let mut env = Vec::new();
+    let vars: Vec<(&str, String)> = [
+        "SWITCHYARD_PROPERTY_CASES",
+        "SWITCHYARD_PROPERTY_EDITS",
+        "SWITCHYARD_PROPERTY_SEED",
+    ]
+    .iter()
+    .filter_map(|k| std::env::var(k).ok().map(|v| (*k, v)))
+    .collect();
+    env.extend(vars.iter().map(|(k, v)| (*k, v.as_str())));
+    guest::test_in_guest("guest_ipvs_random_walks", &env, Duration::from_secs(600));
+}
+
+/// Everything IPVS mode holds in the current namespace, as comparable text: the virtual
+/// services with their real servers, the addresses on kube-ipvs0, the ipsets' members and
+/// the iptables rules (read outside, by namespace name).
+fn ipvs_state(ns: &str) -> Vec<String> {
+    let mut out = rig::netns::in_netns(ns, || {
+        let mut s = IpvsSocket::open().expect("IPVS");
+        let mut lines = Vec::new();
+        for (id, spec) in s.services().unwrap() {
+            lines.push(format!("service {id} {spec:?}"));
+            for d in s.dests(&id).unwrap() {
+                lines.push(format!(
+                    "  {id} real server {}:{} weight {}",
+                    d.addr, d.port, d.weight
+                ));
+            }
+        }
+        for a in ipvs_link::Rtnetlink.addresses().unwrap().bound {
+            lines.push(format!("kube-ipvs0 {a}"));
+        }
+        Ok(lines)
+    })
+    .unwrap();
+    let sets = rig::netns::run(
+        "ip",
+        &["netns", "exec", ns, "ipset", "save"],
+        None,
+        rig::netns::CMD_TIMEOUT,
+    );
+    assert!(sets.success(), "{}", sets.transcript());
+    for line in sets.stdout.lines() {
+        // A set's hash seed (`initval`) differs from set to set; its name and type do not.
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.first() {
+            Some(&"create") => out.push(words[..3.min(words.len())].join(" ")),
+            Some(_) => out.push(line.to_string()),
+            None => {}
+        }
+    }
+    for ((table, chain), rules) in rig::netns::saved_rules(ns, rig::netns::NFT_SAVE) {
+        out.extend(rules.iter().map(|r| format!("{table} {chain}: {r}")));
+    }
+    out.sort();
+    out
+}
+
+/// The random walks of tests/kernel_properties.rs in IPVS mode on the real IPVS: every
+/// sync is accepted, and after the walk (each edit a partial sync) the kernel holds what one
+/// sync from scratch of the final cluster puts into an empty namespace: virtual services,
+/// real servers and their weights, kube-ipvs0's addresses, ipsets and iptables rules.
+#[test]
+#[ignore = "runs inside the QEMU guest, through ipvs_random_walks_in_guest"]
+fn guest_ipvs_random_walks() {
+    require_guest();
+    let edits = rig::random::env_or("SWITCHYARD_PROPERTY_EDITS", 25) as usize;
+    let sync_all = |ns: &Netns, steps: &[(&dataplane::model::Snapshot, Scope)]| {
+        rig::netns::in_netns(&ns.0, || {
+            let kernel = RealIpvs::open(Box::new(ipvs_link::Rtnetlink)).unwrap();
+            let mut b = IpvsBackend::new(
+                kernel,
+                IptablesCommand::new(dataplane::iptables::kernel::Variant::Nft),
+                IpvsOptions::default(),
+            );
+            for (k, (snap, scope)) in steps.iter().enumerate() {
+                b.sync(snap, *scope)
+                    .map_err(|e| std::io::Error::other(format!("sync {k}: {e}")))?;
+            }
+            Ok(())
+        })
+    };
+    for seed in rig::random::seeds() {
+        let (first, steps) = rig::random::walk(seed, edits);
+        let last = steps.last().map_or(&first, |s| &s.0);
+        let (walked, scratch) = (Netns::new("walk"), Netns::new("scratch"));
+        let mut plan = vec![(&first, Scope::AllServices)];
+        plan.extend(
+            steps
+                .iter()
+                .map(|(s, changed)| (s, Scope::Services(changed))),
+        );
+        sync_all(&walked, &plan)
+            .unwrap_or_else(|e| panic!("seed {seed:#x}: the kernel refused: {e}"));
+        sync_all(&scratch, &[(last, Scope::AllServices)])
+            .unwrap_or_else(|e| panic!("seed {seed:#x}: sync from scratch: {e}"));
+        let (after_walk, from_scratch) = (ipvs_state(&walked.0), ipvs_state(&scratch.0));
+        let only_walk: Vec<_> = after_walk
+            .iter()
+            .filter(|l| !from_scratch.contains(l))
+            .collect();
+        let only_scratch: Vec<_> = from_scratch
+            .iter()
+            .filter(|l| !after_walk.contains(l))
+            .collect();
+        assert!(
+            only_walk.is_empty() && only_scratch.is_empty(),
+            "seed {seed:#x}: after the walk, not from scratch:\n{only_walk:#?}\nfrom scratch, not after the walk:\n{only_scratch:#?}"
+        );
+        assert!(
+            after_walk.iter().any(|l| l.starts_with("service ")),
+            "seed {seed:#x}: {after_walk:#?}"
+        );
+    }
+}

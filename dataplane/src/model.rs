@@ -189,6 +189,19 @@ impl ServicePort {
         }
     }
 
+    /// The loadBalancerSourceRanges of the port's family that filter anything, disjoint: none
+    /// when one of them is a zero-masked CIDR, which means "allow any" as no ranges do (as
+    /// kube-proxy's pkg/proxy/serviceport.go `newBaseServiceInfo` says and does). IPVS
+    /// mode also depends on it: an ipset `hash:ip,port,net` refuses a /0 member.
+    pub fn source_ranges(&self) -> Vec<IpNetwork> {
+        let ranges = disjoint_cidrs(&self.load_balancer_source_ranges, self.family);
+        if ranges.iter().any(|r| r.prefix() == 0) {
+            Vec::new()
+        } else {
+            ranges
+        }
+    }
+
     /// True when traffic from outside the cluster is subject to externalTrafficPolicy.
     pub fn has_external_frontends(&self) -> bool {
         self.node_port != 0 || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
@@ -360,4 +373,34 @@ pub fn disjoint_cidrs(nets: &[IpNetwork], family: IpFamily) -> Vec<IpNetwork> {
             .then(a.prefix().cmp(&b.prefix()))
     });
     kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lb(ranges: &[&str]) -> ServicePort {
+        let name = ServicePortName::new("ns", "svc", "p", Protocol::Tcp);
+        let mut svc = ServicePort::cluster(name, "172.30.0.1".parse().unwrap(), 80);
+        svc.load_balancer_source_ranges = ranges.iter().map(|r| r.parse().unwrap()).collect();
+        svc
+    }
+
+    /// kube-proxy's pkg/proxy/serviceport.go `newBaseServiceInfo`: a zero-masked CIDR in a
+    /// family's ranges means "allow any", the same as no ranges (servicechangetracker_test.go
+    /// builds its services with it). Ranges of the other family do not count.
+    #[test]
+    fn a_zero_masked_source_range_admits_everyone_as_no_ranges_do() {
+        assert!(lb(&["198.51.100.0/24", "0.0.0.0/0"])
+            .source_ranges()
+            .is_empty());
+        assert_eq!(
+            lb(&["198.51.100.0/24", "::/0"]).source_ranges(),
+            vec!["198.51.100.0/24".parse::<IpNetwork>().unwrap()]
+        );
+        assert_eq!(
+            lb(&["10.0.0.0/8", "10.1.0.0/16"]).source_ranges(),
+            vec!["10.0.0.0/8".parse::<IpNetwork>().unwrap()]
+        );
+    }
 }

@@ -1,5 +1,6 @@
 //! Bounded external commands, named network namespaces and running code inside one.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
@@ -256,4 +257,34 @@ pub fn is_root() -> bool {
                 .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
         })
         .unwrap_or(false)
+}
+
+/// The iptables-nft savers of both families.
+pub const NFT_SAVE: &[&str] = &["iptables-nft-save", "ip6tables-nft-save"];
+
+/// Every rule iptables-save shows in both families, by table and chain in the order it has
+/// there; chains without rules left out (a partial sync leaves emptied chains to the next
+/// full sync, and nothing jumps to them).
+pub fn saved_rules(ns: &str, savers: &[&str]) -> BTreeMap<(String, String), Vec<String>> {
+    let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for save in savers {
+        let run = run("ip", &["netns", "exec", ns, save], None, CMD_TIMEOUT);
+        assert!(run.success(), "{}", run.transcript());
+        let mut table = String::new();
+        for line in run.stdout.lines() {
+            if let Some(t) = line.strip_prefix('*') {
+                table = format!("{save} {t}");
+            } else if let Some(rule) = line.strip_prefix("-A ") {
+                let chain = rule
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                out.entry((table.clone(), chain))
+                    .or_default()
+                    .push(rule.to_string());
+            }
+        }
+    }
+    out
 }

@@ -405,11 +405,7 @@ fn port_wants(
         fe.members.push((set, f, ip_port(*ip, proto, svc.port)));
         front_ends.push(fe);
     }
-    let ranges: Vec<_> = svc
-        .load_balancer_source_ranges
-        .iter()
-        .filter(|n| IpFamily::of_net(n) == f)
-        .collect();
+    let ranges = svc.source_ranges();
     // Hairpin from the node itself (its address inside a range): kube-proxy lets the
     // load-balancer IP through as a source, as the node sends with it.
     let node_in_range = node

@@ -126,7 +126,7 @@ fn is_backends_map(set: &str) -> bool {
 /// `family`: the ranges, and, when one holds the node's primary address, the load-balancer
 /// IPs themselves (a node reaching a VIP bound on itself sends from the VIP).
 fn firewall_sources(svc: &ServicePort, node: &NodeConfig, family: IpFamily) -> Option<Vec<String>> {
-    let ranges = disjoint_cidrs(&svc.load_balancer_source_ranges, family);
+    let ranges = svc.source_ranges();
     if ranges.is_empty() || svc.load_balancer_ips.is_empty() {
         return None;
     }

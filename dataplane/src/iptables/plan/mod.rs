@@ -364,7 +364,7 @@ impl PortRenderer<'_> {
             rules: vec![cluster_rule],
         });
 
-        let ranges = disjoint_cidrs(&svc.load_balancer_source_ranges, self.family);
+        let ranges = svc.source_ranges();
         let lb_ips: Vec<IpAddr> = svc
             .load_balancer_ips
             .iter()
