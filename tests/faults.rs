@@ -2,7 +2,8 @@
 //! truncated lists and watch streams, very slow answers and a huge object; the agent killed
 //! (SIGKILL) at points spread over a cold sync. Through each, the rules already programmed
 //! keep serving, the failures show in the metrics, and once the fault passes the agent
-//! converges (a Service created afterwards answers).
+//! converges (a Service created afterwards answers). IPVS mode's kills run in the QEMU
+//! guest (tests/guest), whose kernel has IPVS.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -18,6 +19,8 @@ mod http;
 mod apiserver;
 
 mod apinode;
+
+mod guest;
 
 use apinode::{cluster_ip, connect, service, slice, until_answers, LocalNode};
 use apiserver::Fault;
@@ -297,4 +300,181 @@ fn nftables_killed_during_a_cold_sync_serves_the_old_rules_or_the_new_whole() {
 #[test]
 fn iptables_killed_during_a_cold_sync_serves_the_old_rules_or_the_new_whole() {
     killed_during_a_cold_sync("iptables");
+}
+
+#[test]
+fn ipvs_killed_during_a_cold_sync_in_guest() {
+    guest::test_in_guest(
+        "guest_ipvs_killed_during_a_cold_sync",
+        &[],
+        Duration::from_secs(600),
+    );
+}
+
+/// IPVS mode has no transaction: the kernel takes a sync one netlink message at a time,
+/// so a kill leaves some of the new services and some of the old (as kube-proxy's would).
+/// What it guarantees, killed at points spread over a cold sync from cluster A to cluster
+/// B that share the services of namespace `keep`: those never stop answering, whatever the
+/// kill interrupted, and an agent started again converges on B exactly (A's gone).
+#[test]
+#[ignore = "runs inside the QEMU guest, through ipvs_killed_during_a_cold_sync_in_guest"]
+fn guest_ipvs_killed_during_a_cold_sync() {
+    guest::require_guest();
+    let node = LocalNode::new("killipvs", 0).expect("a namespace in the guest");
+    let ns = node.ns().to_string();
+    let dir = node.dir.path();
+    let (keep, a, b) = (0..40, 100..140, 1000..2200);
+    for (name, parts) in [
+        ("a", [("keep", &keep), ("a", &a)]),
+        ("b", [("keep", &keep), ("b", &b)]),
+    ] {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for (namespace, range) in parts {
+            std::fs::write(
+                d.join(format!("{namespace}.json")),
+                manifest(namespace, range.clone()),
+            )
+            .unwrap();
+        }
+    }
+    let cfg = dir.join("kill.yaml");
+    std::fs::write(
+        &cfg,
+        "kind: KubeProxyConfiguration\napiVersion: kubeproxy.config.k8s.io/v1alpha1\n\
+         mode: ipvs\nhostnameOverride: node-a\nminSyncPeriod: 0s\nsyncPeriod: 30s\n\
+         healthzBindAddress: \"\"\nmetricsBindAddress: \"\"\n",
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_switchyard");
+    let program_a = || {
+        let out = node.node.exec(
+            bin,
+            &[
+                "sync",
+                "--once",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--manifests",
+                dir.join("a").to_str().unwrap(),
+            ],
+        );
+        assert!(out.success(), "{}", out.transcript());
+        assert_eq!(
+            answering(&ns, a.clone()),
+            answering_all(&a),
+            "A after sync --once"
+        );
+    };
+    let start_b = |n: usize| {
+        let log = dir.join(format!("kill-{n}.log"));
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, bin, "run", "--config"])
+            .arg(&cfg)
+            .arg("--manifests")
+            .arg(dir.join("b"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        (child, log)
+    };
+    // How many virtual services the kernel holds (one port per service).
+    let virtual_services = || {
+        netns::in_netns(&ns, || {
+            let mut s = dataplane::ipvs::genl::IpvsSocket::open().map_err(std::io::Error::other)?;
+            s.services().map(|v| v.len()).map_err(std::io::Error::other)
+        })
+        .unwrap()
+    };
+    program_a();
+    assert_eq!(answering(&ns, keep.clone()), answering_all(&keep));
+    // When the kernel's table starts to change and when it holds B: the window to kill in
+    // (the agent's start and its reading of the manifests come before it).
+    let t0 = Instant::now();
+    let (mut child, log) = start_b(0);
+    let (mut first, mut last) = (None, None);
+    while t0.elapsed() < Duration::from_secs(300) && last.is_none() {
+        let n = virtual_services();
+        if n != keep.len() + a.len() && first.is_none() {
+            first = Some(t0.elapsed());
+        }
+        if n == keep.len() + b.len() {
+            last = Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let (Some(first), Some(last)) = (first, last) else {
+        panic!(
+            "B never programmed\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    };
+    println!(
+        "ipvs: the kernel's table changed from {:.2} s to {:.2} s after the start",
+        first.as_secs_f64(),
+        last.as_secs_f64()
+    );
+    let mut outcomes = Vec::new();
+    for k in 1..=5u32 {
+        program_a();
+        let (mut child, log) = start_b(k as usize);
+        // From the moment this run's first change shows: start-up time varies more than
+        // the window lasts.
+        let t = Instant::now();
+        while virtual_services() == keep.len() + a.len() && t.elapsed() < Duration::from_secs(300) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep((last - first) * (k - 1) / 5);
+        let _ = child.kill();
+        let _ = child.wait();
+        let held = virtual_services();
+        let (on_keep, on_a, on_b) = (
+            answering(&ns, keep.clone()),
+            answering(&ns, a.clone()),
+            answering(&ns, b.clone()),
+        );
+        outcomes.push(format!(
+            "kill at {}/5 of the window ({held} virtual services): keep {}/{}, A {}/{}, B {}/{}",
+            k - 1,
+            on_keep.0,
+            on_keep.1,
+            on_a.0,
+            on_a.1,
+            on_b.0,
+            on_b.1
+        ));
+        assert_eq!(
+            on_keep,
+            answering_all(&keep),
+            "ipvs: after a kill at {}/5 of the cold sync, the services A and B share stopped\n{}",
+            k - 1,
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+    println!("ipvs: {outcomes:?}");
+    let (mut child, log) = start_b(9);
+    let converged = until_answers(&ns, cluster_ip(b.end - 1), Duration::from_secs(300));
+    // The last service answering is not all of B: wait for the sync to finish whole.
+    let t = Instant::now();
+    while answering(&ns, b.clone()) != answering_all(&b) && t.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (on_keep, on_a, on_b) = (
+        answering(&ns, keep.clone()),
+        answering(&ns, a.clone()),
+        answering(&ns, b.clone()),
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        converged.is_some()
+            && on_b == answering_all(&b)
+            && on_keep == answering_all(&keep)
+            && on_a.0 == 0,
+        "ipvs: no convergence on B (keep {on_keep:?}, A {on_a:?}, B {on_b:?})\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
 }
