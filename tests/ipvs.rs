@@ -590,3 +590,71 @@ fn guest_ipvs_random_walks() {
         );
     }
 }
+
+#[test]
+fn ipvs_netlink_faults_in_guest() {
+    in_guest("guest_ipvs_netlink_faults", Duration::from_secs(240));
+}
+
+/// Netlink errors on the IPVS generic-netlink socket of the real IPVS (SWITCHYARD_FAULTS
+/// `IPVS:send`, `IPVS:receive`): a signal's EINTR is retried where it happens and fails
+/// nothing; a refused send and a receive that lost its answers (ENOBUFS) fail that sync with
+/// an error naming IPVS; the full sync that follows (as the agent retries) leaves the kernel
+/// as one sync from scratch would.
+#[test]
+#[ignore = "runs inside the QEMU guest, through ipvs_netlink_faults_in_guest"]
+fn guest_ipvs_netlink_faults() {
+    require_guest();
+    let dir = tempfile::tempdir().unwrap();
+    let faults = dir.path().join("faults");
+    // The guest runs this test alone, in a process of its own.
+    std::env::set_var("SWITCHYARD_FAULTS", &faults);
+    let (ns, scratch) = (Netns::new("faults"), Netns::new("faults-scratch"));
+    let mut snap = synth::cluster(20, 3);
+    let backend = || {
+        IpvsBackend::new(
+            RealIpvs::open(Box::new(ipvs_link::Rtnetlink)).unwrap(),
+            IptablesCommand::new(dataplane::iptables::kernel::Variant::Nft),
+            IpvsOptions::default(),
+        )
+    };
+    let changed: BTreeSet<(String, String)> = [("bench".to_string(), "svc-7".to_string())].into();
+    let mut generation = 0;
+    for (fault, fails) in [
+        ("IPVS:send EINTR 3", false),
+        ("IPVS:send EPERM 1", true),
+        ("IPVS:receive ENOBUFS 1", true),
+    ] {
+        // Each replacement a fresh address (a generation names one).
+        generation += 2;
+        synth::replace_endpoint(&mut snap, 7, 1, generation - 1);
+        let (before, changed, faults) = (snap.clone(), changed.clone(), faults.clone());
+        rig::netns::in_netns(&ns.0, move || {
+            let mut b = backend();
+            b.sync(&before, Scope::AllServices).unwrap();
+            std::fs::write(&faults, format!("{fault}\n")).unwrap();
+            let mut next = before.clone();
+            synth::replace_endpoint(&mut next, 7, 2, generation);
+            let result = b.sync(&next, Scope::Services(&changed));
+            std::fs::remove_file(&faults).unwrap();
+            match (fails, result) {
+                (false, Ok(_)) => {}
+                (true, Err(e)) => assert!(e.to_string().contains("IPVS"), "{fault}: {e}"),
+                (_, r) => panic!("{fault}: {r:?}"),
+            }
+            b.sync(&next, Scope::RepairAll).unwrap();
+            Ok(())
+        })
+        .unwrap();
+        let mut next = snap.clone();
+        synth::replace_endpoint(&mut next, 7, 2, generation);
+        rig::netns::in_netns(&scratch.0, || {
+            let mut b = backend();
+            b.cleanup().unwrap();
+            b.sync(&next, Scope::AllServices).unwrap();
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(ipvs_state(&ns.0), ipvs_state(&scratch.0), "after {fault}");
+    }
+}

@@ -126,25 +126,48 @@ impl RealIpvs {
             link,
         })
     }
+
+    /// `f` on the socket. A failure of the conversation itself (the socket erred, a reply
+    /// was lost or garbled) leaves it where nobody knows: a dump cut short stays running in
+    /// the kernel, which then answers every later dump on that socket with EBUSY, and
+    /// answers still queued would be read as the next request's. So the socket is replaced;
+    /// a refusal by the kernel (an errno answer) leaves the conversation sound.
+    fn on_socket<T>(
+        &mut self,
+        f: impl FnOnce(&mut IpvsSocket) -> Result<T, GenlError>,
+    ) -> Result<T, IpvsError> {
+        let result = f(&mut self.socket);
+        if let Err(GenlError::Netlink(e)) = &result {
+            if !matches!(e, NetlinkError::Kernel { .. }) {
+                match IpvsSocket::open() {
+                    Ok(mut fresh) => {
+                        fresh.requests = self.socket.requests;
+                        self.socket = fresh;
+                    }
+                    Err(e) => tracing::warn!("IPVS: cannot open a new socket: {e}"),
+                }
+            }
+        }
+        Ok(result?)
+    }
 }
 
 impl IpvsKernel for RealIpvs {
     fn services(&mut self) -> Result<Vec<(ServiceId, ServiceSpec)>, IpvsError> {
-        Ok(self.socket.services()?)
+        self.on_socket(|s| s.services())
     }
 
     fn dests(&mut self, id: &ServiceId) -> Result<Vec<Dest>, IpvsError> {
-        Ok(self.socket.dests(id)?)
+        self.on_socket(|s| s.dests(id))
     }
 
     fn apply(&mut self, op: &Op) -> Result<(), IpvsError> {
-        Ok(self.socket.apply(op)?)
+        self.on_socket(|s| s.apply(op))
     }
 
     fn apply_all(&mut self, ops: &[Op]) -> Result<Vec<Result<(), IpvsError>>, IpvsError> {
         Ok(self
-            .socket
-            .apply_all(ops)?
+            .on_socket(|s| s.apply_all(ops))?
             .into_iter()
             .map(|r| r.map_err(IpvsError::from))
             .collect())
@@ -192,7 +215,7 @@ impl IpvsKernel for RealIpvs {
     }
 
     fn set_timeouts(&mut self, tcp: u32, tcp_fin: u32, udp: u32) -> Result<(), IpvsError> {
-        Ok(self.socket.set_timeouts(tcp, tcp_fin, udp)?)
+        self.on_socket(|s| s.set_timeouts(tcp, tcp_fin, udp))
     }
 
     fn requests(&self) -> u64 {
