@@ -252,7 +252,9 @@ pub struct Ctnetlink {
 impl Ctnetlink {
     pub fn open() -> Result<Ctnetlink, NetlinkError> {
         Ok(Ctnetlink {
-            socket: Socket::open(NETLINK_NETFILTER, "nfnetlink")?,
+            // Its own name: errors say which netlink conversation failed, and
+            // SWITCHYARD_FAULTS can aim at it apart from the nf_tables commits.
+            socket: Socket::open(NETLINK_NETFILTER, "ctnetlink")?,
         })
     }
 }

@@ -11,7 +11,8 @@
 //!   that does not exist) goes at the end of the batch, after all of ours: the real kernel
 //!   then aborts the whole batch in the middle of its work;
 //! - `LABEL:send`, `LABEL:receive`: a netlink socket's send or receive system call (LABEL
-//!   as the socket names itself in errors: `nfnetlink`, `nfnetlink-notifications`, `IPVS`);
+//!   as the socket names itself in errors: `nfnetlink`, `nfnetlink-notifications`,
+//!   `ctnetlink`, `IPVS`);
 //! - `iptables-restore:IPv4`, `iptables-restore:IPv6`: that family's `iptables-restore`,
 //!   before it runs, as if it had exited with the error.
 //!

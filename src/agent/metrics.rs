@@ -32,6 +32,7 @@ pub struct Metrics {
     pub no_local_endpoints: IntGaugeVec,
     pub conntrack_reconcile: HistogramVec,
     pub conntrack_deleted: IntCounterVec,
+    pub conntrack_failures: IntCounter,
     pub drift_repairs: IntCounter,
     pub objects_invalid: IntGaugeVec,
     pub frontend_conflicts: IntGauge,
@@ -301,6 +302,13 @@ impl Metrics {
                         "Cumulative conntrack flows deleted by conntrack reconciler",
                     ),
                     &["ip_family"],
+                )?,
+            )?,
+            conntrack_failures: register(
+                &r,
+                IntCounter::new(
+                    "switchyard_conntrack_cleanup_failures_total",
+                    "UDP conntrack cleanups that failed (retried at the next sync; stale UDP flows may reach a gone endpoint until then)",
                 )?,
             )?,
             drift_repairs: register(

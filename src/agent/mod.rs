@@ -207,6 +207,7 @@ async fn run_async(
             limits("health-check node ports"),
         ),
         udp_frontends: UdpFrontends::default(),
+        conntrack_failed: false,
         conntrack: Box::new(ctnetlink),
         health,
         unsynced: Changes::default(),
@@ -288,6 +289,8 @@ struct Agent {
     service_health: service_health::Servers,
     /// The UDP front ends as of the last conntrack cleanup.
     udp_frontends: UdpFrontends,
+    /// The last conntrack cleanup failed: the next sync, whatever it changes, tries again.
+    conntrack_failed: bool,
     /// Opens the conntrack table the cleanup deletes stale UDP flows from.
     conntrack: OpenConntrack,
     /// Until the first successful sync: the mode whose rules other modes' leftovers give
@@ -400,6 +403,7 @@ impl Agent {
         // The health-check ports and UDP conntrack look at every service: only after syncs
         // that can change them (a deleted service might have been one of theirs).
         let follow_ups = full
+            || self.conntrack_failed
             || self.unsynced.node
             || changed.iter().any(|(ns, name)| {
                 let mut ports = snapshot.ports_of_service(ns, name).peekable();
@@ -587,10 +591,17 @@ impl Agent {
             Ok(0) => {}
             Ok(n) => tracing::info!("deleted {n} stale UDP conntrack entries"),
             Err(e) => {
+                self.metrics.conntrack_failures.inc();
+                // One retry soon; past that, each later sync tries again.
+                if !self.conntrack_failed {
+                    self.schedule.request();
+                }
+                self.conntrack_failed = true;
                 tracing::warn!("UDP conntrack cleanup failed: {e}; retrying at the next sync");
                 return;
             }
         }
+        self.conntrack_failed = false;
         self.udp_frontends = now;
     }
 

@@ -148,6 +148,7 @@ fn rig() -> Rig {
         checking: false,
         suspect: BTreeSet::new(),
         udp_frontends: UdpFrontends::default(),
+        conntrack_failed: false,
         conntrack: Box::new(move || {
             *opened.lock().unwrap() += 1;
             Ok(Box::new(NoFlows))
