@@ -1505,6 +1505,169 @@ fn a_flushed_ruleset_is_repaired_within_a_second_without_waiting_for_the_period(
     );
 }
 
+/// The notification listener overflowed: another program commits 30,000 set elements in one
+/// batch while the agent is stopped, which the kernel announces one message each, far more
+/// than the listener's socket holds, so its next read fails with ENOBUFS. It still hears what follows: two firewall
+/// reloads after the storm are each repaired within a second (syncPeriod an hour).
+#[test]
+fn an_overflowed_notification_listener_still_hears_the_next_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.yaml");
+    write_atomically(&cluster, &manifests("10.0.0.1"));
+    let Some(mut agent) = Agent::namespace("overflow") else {
+        return;
+    };
+    agent.sync_period = "1h";
+    agent.spawn(dir.path(), &["--manifests".as_ref(), cluster.as_os_str()]);
+    agent.wait_ruleset("the first sync", |rs| rs.contains("10.0.0.1"));
+    std::thread::sleep(Duration::from_millis(500));
+    let nft = |args: &[&str], input: Option<&str>| {
+        let mut all = vec!["netns", "exec", &agent.ns, "nft"];
+        all.extend_from_slice(args);
+        let out = netns::run("ip", &all, input, netns::CMD_TIMEOUT);
+        assert!(out.success(), "{}", out.transcript());
+    };
+    let elements: Vec<String> = (0..30_000u32)
+        .map(|i| format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255))
+        .collect();
+    // The agent stopped (SIGSTOP) while the storm blows, so that its listener cannot keep
+    // up on another core: the kernel's queue for it overflows for certain. A storm that
+    // fell in a moment the listener was out of the group (during one of the agent's own
+    // commits) is followed by another, in a table of its own.
+    let pid = agent.child.as_ref().unwrap().id().to_string();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill").args([sig, &pid]).status().unwrap();
+        assert!(ok.success(), "kill {sig} {pid}");
+    };
+    let overflowed = || agent.log().contains("notifications overflowed (ENOBUFS");
+    for k in 0..3 {
+        if overflowed() {
+            break;
+        }
+        let storm = format!(
+            "table ip storm{k} {{\n  set s {{ type ipv4_addr; }}\n}}\nadd element ip storm{k} s {{ {} }}\n",
+            elements.join(", ")
+        );
+        signal("-STOP");
+        nft(&["-f", "-"], Some(&storm));
+        signal("-CONT");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        overflowed(),
+        "three storms never overflowed the listener\n{}",
+        agent.log()
+    );
+    for round in 1..=2 {
+        nft(&["flush", "ruleset"], None);
+        let flushed = Instant::now();
+        while !agent.ruleset().contains("10.0.0.1") {
+            assert!(
+                flushed.elapsed() < Duration::from_secs(1),
+                "flush {round} after the storm: not repaired within a second\nagent log:\n{}",
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// A UDP service whose endpoint is `endpoint`, in the agent's namespace.
+fn udp_manifests(endpoint: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: dns, namespace: ns }}
+spec: {{ clusterIP: 172.30.0.53, ports: [{{ name: dns, port: 53, protocol: UDP }}] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: dns-1, namespace: ns, labels: {{ kubernetes.io/service-name: dns }} }}
+addressType: IPv4
+ports: [{{ name: dns, port: 53, protocol: UDP }}]
+endpoints: [{{ addresses: [{endpoint}] }}]
+"#
+    )
+}
+
+/// ctnetlink refuses the UDP conntrack cleanup once (SWITCHYARD_FAULTS `ctnetlink:send`):
+/// the sync itself stands, the failure is counted, and a retry that follows on its own
+/// (no further change comes) deletes the stale flow of a client that kept its socket.
+#[test]
+fn a_refused_conntrack_cleanup_is_counted_and_retried_without_another_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.yaml");
+    write_atomically(&cluster, &udp_manifests("10.180.0.1"));
+    let Some(mut agent) = Agent::namespace("ct-fault") else {
+        return;
+    };
+    // No periodic sync to retry in its stead.
+    agent.sync_period = "1h";
+    let faults = agent.faults_file(dir.path());
+    // Somewhere for the DNATed datagrams to go: a veth whose far end nobody reads.
+    netns::ip_batch(
+        &agent.ns,
+        &[
+            "link add sy0 type veth peer name sy1".into(),
+            "link set sy0 up".into(),
+            "link set sy1 up".into(),
+            "route add 172.30.0.0/16 dev sy0".into(),
+            "route add 10.180.0.0/16 dev sy0".into(),
+        ],
+    );
+    agent.spawn(dir.path(), &["--manifests".as_ref(), cluster.as_os_str()]);
+    agent.wait_ruleset("the first sync", |rs| rs.contains("10.180.0.1"));
+    let client = netns::in_netns(&agent.ns, || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        s.connect("172.30.0.53:53")?;
+        s.send(b"query")?;
+        Ok(s)
+    })
+    .unwrap();
+    let flows_to = |ep: &str| {
+        let out = netns::run(
+            "ip",
+            &["netns", "exec", &agent.ns, "conntrack", "-L", "-p", "udp"],
+            None,
+            netns::CMD_TIMEOUT,
+        );
+        out.stdout
+            .lines()
+            .filter(|l| l.contains("dport=53") && l.contains(&format!("src={ep} ")))
+            .count()
+    };
+    assert_eq!(flows_to("10.180.0.1"), 1, "the client's flow, DNATed");
+    std::fs::write(&faults, "ctnetlink:send EPERM 1\n").unwrap();
+    write_atomically(&cluster, &udp_manifests("10.180.0.2"));
+    agent.wait_ruleset("the new endpoint", |rs| rs.contains("10.180.0.2"));
+    let moved = Instant::now();
+    while flows_to("10.180.0.1") > 0 {
+        assert!(
+            moved.elapsed() < Duration::from_secs(5),
+            "the stale flow outlived the retry\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, text) = agent.get(METRICS, "/metrics");
+    assert_eq!(
+        agent.metric(&text, "switchyard_conntrack_cleanup_failures_total"),
+        1.0,
+        "{}",
+        agent.log()
+    );
+    assert!(
+        agent
+            .log()
+            .contains("SWITCHYARD_FAULTS: ctnetlink:send fails"),
+        "{}",
+        agent.log()
+    );
+    drop(client);
+}
+
 /// The agent's failure counter for `family` in its mode's kube-proxy family.
 fn failures(agent: &Agent, text: &str, family: &str) -> f64 {
     let names: &[&str] = if agent.mode == "iptables" {

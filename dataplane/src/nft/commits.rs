@@ -51,7 +51,11 @@ impl Commits {
                 Err(NetlinkError::Socket { error, .. })
                     if error.raw_os_error() == Some(ENOBUFS as i32) =>
                 {
-                    return Ok(1)
+                    // The socket reports the overflow once and goes on receiving.
+                    tracing::info!(
+                        "the kernel's change notifications overflowed (ENOBUFS, some were lost): looking at our tables"
+                    );
+                    return Ok(1);
                 }
                 Err(e) => return Err(e),
             }
