@@ -15,6 +15,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+mod guest;
 mod rig;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -581,6 +582,29 @@ fn trace_agrees_with_packets(mode: Mode) {
     if !seeds().is_empty() {
         assert!(verdicts.len() >= 2, "only {verdicts:?} reached");
     }
+}
+
+/// IPVS mode in the QEMU guest, whose kernel has IPVS: one node state unless
+/// SWITCHYARD_TRACE_CASES says otherwise (software emulation makes each connection slow).
+#[test]
+fn trace_agrees_with_real_packets_on_random_clusters_ipvs_in_guest() {
+    let cases = std::env::var("SWITCHYARD_TRACE_CASES").unwrap_or_else(|_| "1".into());
+    let seed = std::env::var("SWITCHYARD_PROPERTY_SEED").unwrap_or_else(|_| "2026".into());
+    guest::test_in_guest(
+        "guest_trace_agrees_with_real_packets_on_random_clusters_ipvs",
+        &[
+            ("SWITCHYARD_TRACE_CASES", &cases),
+            ("SWITCHYARD_PROPERTY_SEED", &seed),
+        ],
+        std::time::Duration::from_secs(900),
+    );
+}
+
+#[test]
+#[ignore = "runs inside the QEMU guest, through trace_agrees_with_real_packets_on_random_clusters_ipvs_in_guest"]
+fn guest_trace_agrees_with_real_packets_on_random_clusters_ipvs() {
+    guest::require_guest();
+    trace_agrees_with_packets(Mode::Ipvs);
 }
 
 #[test]

@@ -271,7 +271,16 @@ pub fn trace(s: &Snapshot, mode: Mode, p: &Packet) -> Trace {
                 .is_some_and(|n| ranges.iter().any(|r| r.contains(n)));
             let allowed = ranges.iter().any(|r| r.contains(p.source))
                 || (node_in_range && svc.load_balancer_ips.contains(&p.source));
-            if !allowed && (mode != Mode::Iptables || has_any) {
+            // kube-proxy's IPVS proxier.go (`iptablesJumpChain`) filters source ranges in
+            // filter INPUT and FORWARD only; IPVS takes the node's own packet in LOCAL_OUT.
+            let unfiltered = mode == Mode::Ipvs && p.origin.on_the_node();
+            if unfiltered && !allowed {
+                steps.push(format!(
+                    "{} is outside loadBalancerSourceRanges, but IPVS meets the node's own packet before the range filter in INPUT and FORWARD: not filtered",
+                    p.source
+                ));
+            }
+            if !allowed && !unfiltered && (mode != Mode::Iptables || has_any) {
                 let shown: Vec<String> = ranges.iter().map(|r| r.to_string()).collect();
                 steps.push(format!(
                     "{} is outside loadBalancerSourceRanges {}: dropped",
@@ -318,7 +327,10 @@ pub fn trace(s: &Snapshot, mode: Mode, p: &Packet) -> Trace {
     let verdict = match fe {
         Frontend::ClusterIp => {
             let eps = selection::internal(svc, &sel);
-            if eps.is_empty() {
+            if eps.is_empty() && mode == Mode::Ipvs && p.origin.on_the_node() {
+                steps.push("internalTrafficPolicy Local and no endpoint on this node: IPVS meets the node's packet before the filter and refuses it (a virtual service without real servers)".into());
+                Verdict::Reject
+            } else if eps.is_empty() {
                 steps.push(
                     "internalTrafficPolicy Local and no endpoint on this node: dropped".into(),
                 );
@@ -422,4 +434,153 @@ pub fn render(t: &Trace) -> String {
         Verdict::Accept => writeln!(out, "verdict: ACCEPT (not touched)"),
     };
     out
+}
+
+#[cfg(test)]
+mod tests {
+    //! The verdicts real packets showed on random clusters (tests/trace_packets.rs), pinned.
+    use super::*;
+    use crate::model::ServicePortName;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap_or(IpAddr::from([0, 0, 0, 0]))
+    }
+
+    /// One TCP NodePort service on port 80 / node port 30080, with `endpoints` (all on
+    /// another node), on a node whose NodePorts are only on its primary address.
+    fn cluster(endpoints: &[&str], etp: TrafficPolicy, itp: TrafficPolicy) -> Snapshot {
+        let mut s = Snapshot::default();
+        s.node.name = "here".into();
+        s.node.node_ips = vec![ip("192.168.0.2"), ip("192.168.1.2")];
+        s.node.node_port_addresses =
+            NodePortAddresses::Cidrs(vec!["192.168.0.2/32".parse().unwrap()]);
+        let name = ServicePortName::new("ns", "svc", "p", Protocol::Tcp);
+        let mut svc = ServicePort::cluster(name.clone(), ip("172.30.0.10"), 80);
+        svc.node_port = 30080;
+        svc.external_ips = vec![ip("192.0.2.10")];
+        svc.external_traffic_policy = etp;
+        svc.internal_traffic_policy = itp;
+        s.services.insert((name.clone(), IpFamily::V4), svc);
+        let eps = endpoints
+            .iter()
+            .map(|e| Endpoint {
+                node_name: Some("there".into()),
+                ..Endpoint::ready(ip(e), 8080)
+            })
+            .collect();
+        s.endpoints.insert(name, eps);
+        s
+    }
+
+    fn packet(from: &str, origin: Origin, to: &str, port: u16) -> Packet {
+        Packet {
+            source: ip(from),
+            destination: SocketAddr::new(ip(to), port),
+            protocol: Protocol::Tcp,
+            origin,
+        }
+    }
+
+    /// kube-proxy's iptables proxier.go, syncProxyRules, "Capture nodeports": without
+    /// endpoints for outside traffic, KUBE-EXTERNAL-SERVICES refuses the node port on
+    /// `-m addrtype --dst-type LOCAL`, whatever nodePortAddresses and localhostNodePorts say.
+    #[test]
+    fn iptables_refuses_a_node_port_without_endpoints_on_every_local_address() {
+        let none = cluster(&[], TrafficPolicy::Cluster, TrafficPolicy::Cluster);
+        for (from, origin, to) in [
+            ("127.0.0.1", Origin::Localhost, "127.0.0.1"),
+            ("203.0.113.2", Origin::External, "192.168.1.2"),
+        ] {
+            let p = packet(from, origin, to, 30080);
+            assert_eq!(trace(&none, Mode::Iptables, &p).verdict, Verdict::Reject);
+            assert_eq!(trace(&none, Mode::Nftables, &p).verdict, Verdict::Accept);
+        }
+        let remote_only = cluster(&["10.1.0.1"], TrafficPolicy::Local, TrafficPolicy::Cluster);
+        let p = packet("203.0.113.2", Origin::External, "192.168.1.2", 30080);
+        assert_eq!(
+            trace(&remote_only, Mode::Iptables, &p).verdict,
+            Verdict::Drop
+        );
+    }
+
+    /// kube-proxy's iptables proxier.go, `iptablesJumpChains`: KUBE-EXTERNAL-SERVICES, where
+    /// an external IP without endpoints is refused, hangs off INPUT and FORWARD only.
+    #[test]
+    fn iptables_leaves_the_nodes_own_packet_to_an_outside_service_address_alone() {
+        let none = cluster(&[], TrafficPolicy::Cluster, TrafficPolicy::Cluster);
+        let from_node = packet("192.168.0.2", Origin::Node, "192.0.2.10", 80);
+        assert_eq!(
+            trace(&none, Mode::Iptables, &from_node).verdict,
+            Verdict::Accept
+        );
+        assert_eq!(
+            trace(&none, Mode::Nftables, &from_node).verdict,
+            Verdict::Reject
+        );
+        let from_pod = packet("10.0.0.2", Origin::Pod, "192.0.2.10", 80);
+        assert_eq!(
+            trace(&none, Mode::Iptables, &from_pod).verdict,
+            Verdict::Reject
+        );
+    }
+
+    /// IPVS meets the node's own packet in LOCAL_OUT: a cluster IP whose internal endpoint
+    /// set is empty (internalTrafficPolicy Local, none here) is a virtual service without
+    /// real servers, which refuses it; a pod's packet is dropped by the filter.
+    #[test]
+    fn ipvs_refuses_the_nodes_packet_to_a_local_only_cluster_ip_without_local_endpoints() {
+        let s = cluster(&["10.1.0.1"], TrafficPolicy::Cluster, TrafficPolicy::Local);
+        let from_node = packet("192.168.0.2", Origin::Node, "172.30.0.10", 80);
+        assert_eq!(trace(&s, Mode::Ipvs, &from_node).verdict, Verdict::Reject);
+        assert_eq!(trace(&s, Mode::Nftables, &from_node).verdict, Verdict::Drop);
+        let from_pod = packet("10.0.0.2", Origin::Pod, "172.30.0.10", 80);
+        assert_eq!(trace(&s, Mode::Ipvs, &from_pod).verdict, Verdict::Drop);
+    }
+
+    /// kube-proxy's IPVS proxier.go, `iptablesJumpChain`: KUBE-PROXY-FIREWALL (source ranges)
+    /// hangs off filter INPUT and FORWARD only, and IPVS takes the node's own packet to a
+    /// load-balancer IP in LOCAL_OUT: the node is not filtered, a pod is.
+    #[test]
+    fn ipvs_does_not_filter_the_nodes_own_packet_by_source_range() {
+        let mut s = cluster(
+            &["10.1.0.1"],
+            TrafficPolicy::Cluster,
+            TrafficPolicy::Cluster,
+        );
+        for svc in s.services.values_mut() {
+            svc.load_balancer_ips = vec![ip("198.18.0.1")];
+            svc.load_balancer_source_ranges = vec!["203.0.113.0/24".parse().unwrap()];
+        }
+        let from_node = packet("192.168.0.2", Origin::Node, "198.18.0.1", 80);
+        assert!(matches!(
+            trace(&s, Mode::Ipvs, &from_node).verdict,
+            Verdict::Dnat { .. }
+        ));
+        assert_eq!(trace(&s, Mode::Nftables, &from_node).verdict, Verdict::Drop);
+        let from_pod = packet("10.0.0.2", Origin::Pod, "198.18.0.1", 80);
+        assert_eq!(trace(&s, Mode::Ipvs, &from_pod).verdict, Verdict::Drop);
+    }
+
+    /// An endpoint reaching its own service: only the connection that comes back to it is
+    /// masqueraded (kube-proxy's per-endpoint `-s <endpoint> -j KUBE-MARK-MASQ`).
+    #[test]
+    fn a_hairpin_connection_is_masqueraded_alone() {
+        let mut s = cluster(
+            &["10.1.0.1", "10.1.0.2"],
+            TrafficPolicy::Cluster,
+            TrafficPolicy::Cluster,
+        );
+        s.node.local_detector = LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]);
+        let p = packet("10.1.0.1", Origin::Pod, "172.30.0.10", 80);
+        let Verdict::Dnat {
+            masquerade,
+            hairpin,
+            ..
+        } = trace(&s, Mode::Nftables, &p).verdict
+        else {
+            panic!("not DNAT");
+        };
+        assert!(!masquerade);
+        assert_eq!(hairpin, Some(SocketAddr::new(ip("10.1.0.1"), 8080)));
+    }
 }
