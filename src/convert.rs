@@ -447,8 +447,10 @@ fn affinity_timeout(
     clamped as u32
 }
 
-/// The endpoints one slice contributes, keyed by the service port they belong to.
-pub type SliceEndpoints = BTreeMap<ServicePortName, Vec<Endpoint>>;
+/// The endpoints one slice contributes, by the service port they belong to, sorted by it.
+/// A vector: a slice mostly serves one port, and a `BTreeMap` of one entry is a node of
+/// eleven (1.1 KiB a slice, heaptrack).
+pub type SliceEndpoints = Vec<(ServicePortName, Vec<Endpoint>)>;
 
 /// The family of an EndpointSlice's `addressType`; none for FQDN and anything unknown.
 pub fn address_family(address_type: &str) -> Option<IpFamily> {
@@ -554,25 +556,27 @@ pub fn endpoint_slice(
         let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
         let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
         let hints = e.hints.as_ref();
-        endpoints.push(Endpoint {
-            ip,
-            port: 0,
-            ready,
-            serving,
-            terminating,
-            node_name: e.node_name.clone(),
-            zone: e.zone.clone(),
-            hint_zones: hints
-                .and_then(|h| h.for_zones.as_ref())
-                .map(|z| z.iter().map(|z| z.name.clone()).collect())
-                .unwrap_or_default(),
-            hint_nodes: hints
-                .and_then(|h| h.for_nodes.as_ref())
-                .map(|n| n.iter().map(|n| n.name.clone()).collect())
-                .unwrap_or_default(),
-        });
+        let zones = hints
+            .and_then(|h| h.for_zones.as_ref())
+            .map(|z| z.iter().map(|z| interned::intern(&z.name)).collect())
+            .unwrap_or_default();
+        let nodes = hints
+            .and_then(|h| h.for_nodes.as_ref())
+            .map(|n| n.iter().map(|n| interned::intern(&n.name)).collect())
+            .unwrap_or_default();
+        endpoints.push(
+            Endpoint {
+                ready,
+                serving,
+                terminating,
+                node_name: e.node_name.as_deref().map(interned::intern),
+                zone: e.zone.as_deref().map(interned::intern),
+                ..Endpoint::ready(ip, 0)
+            }
+            .with_hints(zones, nodes),
+        );
     }
-    let mut out = SliceEndpoints::new();
+    let mut out = BTreeMap::new();
     for (pname, proto, num) in ports {
         let list = endpoints
             .iter()
@@ -583,7 +587,7 @@ pub fn endpoint_slice(
             .collect();
         out.insert(ServicePortName::new(ns, service, &pname, proto), list);
     }
-    Ok(out)
+    Ok(out.into_iter().collect())
 }
 
 /// Merge slices' endpoints: one entry per address and port, preferring the most usable copy.
@@ -606,6 +610,8 @@ pub fn normalize(map: &mut BTreeMap<ServicePortName, Vec<Endpoint>>) {
         eps.dedup_by(|later, first| later.ip == first.ip && later.port == first.port);
     }
 }
+
+mod interned;
 
 #[cfg(test)]
 mod tests;

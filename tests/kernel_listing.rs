@@ -58,7 +58,7 @@ fn snapshot() -> Snapshot {
     s.endpoints.insert(
         udp,
         vec![Endpoint {
-            node_name: Some(s.node.name.clone()),
+            node_name: Some(s.node.name.as_str().into()),
             ..Endpoint::ready(ip("10.9.0.53"), 5353)
         }],
     );

@@ -16,7 +16,7 @@
 //! every claim in map order; see the README).
 
 use crate::model::{IpFamily, Protocol, Seniority, ServicePort, ServicePortName, Snapshot};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
@@ -102,7 +102,10 @@ pub fn claims_of(p: &ServicePort) -> Vec<(FrontendKey, Claim)> {
 /// built at once ([`resolve_snapshot`]).
 #[derive(Debug, Clone, Default)]
 pub struct Claims {
-    by_key: BTreeMap<FrontendKey, BTreeSet<Claim>>,
+    /// Each front end's claims, sorted, the winner first. Almost always one: a vector of
+    /// one costs one claim, where a `BTreeSet` of one costs a node of eleven (1.3 KiB a
+    /// service port, 13 MiB at 10k services, measured with heaptrack).
+    by_key: BTreeMap<FrontendKey, Vec<Claim>>,
 }
 
 impl Claims {
@@ -111,7 +114,13 @@ impl Claims {
         claims_of(p)
             .into_iter()
             .map(|(k, c)| {
-                self.by_key.entry(k).or_default().insert(c);
+                let claims = self
+                    .by_key
+                    .entry(k)
+                    .or_insert_with(|| Vec::with_capacity(1));
+                if let Err(at) = claims.binary_search(&c) {
+                    claims.insert(at, c);
+                }
                 k
             })
             .collect()
@@ -123,7 +132,9 @@ impl Claims {
             .into_iter()
             .map(|(k, c)| {
                 if let Some(set) = self.by_key.get_mut(&k) {
-                    set.remove(&c);
+                    if let Ok(at) = set.binary_search(&c) {
+                        set.remove(at);
+                    }
                     if set.is_empty() {
                         self.by_key.remove(&k);
                     }
@@ -140,7 +151,7 @@ impl Claims {
 
     /// The winning claim of `key`.
     pub fn winner(&self, key: &FrontendKey) -> Option<&Claim> {
-        self.by_key.get(key).and_then(|s| s.iter().next())
+        self.by_key.get(key).and_then(|s| s.first())
     }
 
     /// How many claims lose to another service port's (the metric).

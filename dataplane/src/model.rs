@@ -5,6 +5,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// Transport protocol of a service port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -216,12 +217,19 @@ pub struct Endpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    /// Node the endpoint runs on, when the slice says.
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
-    /// Topology hints: zones and nodes the endpoint is meant for.
-    pub hint_zones: Vec<String>,
-    pub hint_nodes: Vec<String>,
+    /// Node the endpoint runs on, when the slice says; shared with every endpoint there.
+    pub node_name: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
+    /// Topology hints, when it has any (most endpoints have none: one pointer, not two
+    /// vectors, in 100k copies).
+    pub hints: Option<Box<Hints>>,
+}
+
+/// An endpoint's topology hints: the zones and nodes it is meant for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Hints {
+    pub zones: Vec<Arc<str>>,
+    pub nodes: Vec<Arc<str>>,
 }
 
 impl Endpoint {
@@ -235,9 +243,25 @@ impl Endpoint {
             terminating: false,
             node_name: None,
             zone: None,
-            hint_zones: Vec::new(),
-            hint_nodes: Vec::new(),
+            hints: None,
         }
+    }
+
+    /// The zones its hints name (none without hints).
+    pub fn hint_zones(&self) -> &[Arc<str>] {
+        self.hints.as_deref().map_or(&[], |h| &h.zones)
+    }
+
+    /// The nodes its hints name (none without hints).
+    pub fn hint_nodes(&self) -> &[Arc<str>] {
+        self.hints.as_deref().map_or(&[], |h| &h.nodes)
+    }
+
+    /// Hints of `zones` and `nodes`; none when both are empty.
+    pub fn with_hints(mut self, zones: Vec<Arc<str>>, nodes: Vec<Arc<str>>) -> Self {
+        self.hints =
+            (!zones.is_empty() || !nodes.is_empty()).then(|| Box::new(Hints { zones, nodes }));
+        self
     }
 
     /// True when the endpoint is known to run on `node`.

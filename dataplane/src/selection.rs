@@ -52,14 +52,14 @@ where
     let zone = node.zone.as_deref();
     for e in endpoints.filter(|e| e.ready) {
         any = true;
-        if e.hint_nodes.is_empty() {
+        if e.hint_nodes().is_empty() {
             all_node = false;
-        } else if e.hint_nodes.contains(&node.name) {
+        } else if e.hint_nodes().iter().any(|h| **h == *node.name) {
             for_node = true;
         }
-        if e.hint_zones.is_empty() {
+        if e.hint_zones().is_empty() {
             all_zone = false;
-        } else if zone.is_some_and(|z| e.hint_zones.iter().any(|h| h == z)) {
+        } else if zone.is_some_and(|z| e.hint_zones().iter().any(|h| &**h == z)) {
             for_zone = true;
         }
     }
@@ -75,11 +75,11 @@ where
 fn available(e: &Endpoint, mode: Topology, node: &NodeConfig) -> bool {
     match mode {
         Topology::None => true,
-        Topology::SameNode => e.hint_nodes.contains(&node.name),
+        Topology::SameNode => e.hint_nodes().iter().any(|h| **h == *node.name),
         Topology::SameZone => node
             .zone
             .as_deref()
-            .is_some_and(|z| e.hint_zones.iter().any(|h| h == z)),
+            .is_some_and(|z| e.hint_zones().iter().any(|h| &**h == z)),
     }
 }
 
@@ -127,13 +127,14 @@ mod tests {
     use super::*;
     use crate::model::*;
     use std::net::IpAddr;
+    use std::sync::Arc;
 
     fn ep(ip: &str, ready: bool, serving: bool, terminating: bool, node: &str) -> Endpoint {
         Endpoint {
             ready,
             serving,
             terminating,
-            node_name: Some(node.to_string()),
+            node_name: Some(node.into()),
             ..Endpoint::ready(ip.parse::<IpAddr>().unwrap(), 80)
         }
     }
@@ -182,8 +183,10 @@ mod tests {
 
     fn hinted(ip: &str, node: &str, zones: &[&str], nodes: &[&str]) -> Endpoint {
         Endpoint {
-            hint_zones: zones.iter().map(|z| z.to_string()).collect(),
-            hint_nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            hints: Some(Box::new(Hints {
+                zones: zones.iter().map(|z| Arc::from(*z)).collect(),
+                nodes: nodes.iter().map(|n| Arc::from(*n)).collect(),
+            })),
             ..ep(ip, true, true, false, node)
         }
     }
@@ -212,7 +215,7 @@ mod tests {
 
         // One ready endpoint without a hint: hints are ignored.
         let mut partial = eps.clone();
-        partial[1].hint_zones.clear();
+        partial[1].hints = None;
         assert_eq!(select(&zoned_node(), &svc(), &partial).cluster.len(), 3);
         // An unready endpoint without a hint does not count.
         partial[1].ready = false;
@@ -241,7 +244,9 @@ mod tests {
         assert_eq!(ips(&s.cluster), ["10.0.0.1"]);
         // Node hints that do not name this node fall back to zone hints.
         let mut not_me = eps.clone();
-        not_me[0].hint_nodes = vec!["third".into()];
+        if let Some(h) = not_me[0].hints.as_mut() {
+            h.nodes = vec!["third".into()];
+        }
         assert_eq!(select(&zoned_node(), &svc(), &not_me).cluster.len(), 2);
         assert_eq!(topology(&zoned_node(), not_me.iter()), Topology::SameZone);
     }

@@ -46,7 +46,7 @@ pub fn cluster(services: usize, endpoints: usize) -> Snapshot {
         s.services.insert((name.clone(), IpFamily::V4), port);
         let eps = (0..endpoints)
             .map(|j| Endpoint {
-                node_name: Some(format!("node-{}", (i + j) % 50)),
+                node_name: Some(format!("node-{}", (i + j) % 50).into()),
                 ..Endpoint::ready(endpoint_ip(i, j, 0), 8080)
             })
             .collect();

@@ -9,6 +9,7 @@ use dataplane::backend::ServiceKey;
 use dataplane::model::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 pub const SERVICES: usize = 8;
 
@@ -166,24 +167,30 @@ pub fn service(
                 (false, true, true),
                 (false, false, true),
             ]);
-            eps.push(Endpoint {
-                ready,
-                serving,
-                terminating,
-                node_name: rng.pick(&[Some("here".to_string()), Some("there".into()), None]),
-                zone: rng.pick(&[Some("z1".to_string()), Some("z2".into()), None]),
-                hint_zones: if rng.one_in(3) {
-                    vec!["z1".into()]
-                } else {
-                    Vec::new()
-                },
-                hint_nodes: if rng.one_in(4) {
-                    vec!["here".into()]
-                } else {
-                    Vec::new()
-                },
-                ..Endpoint::ready(address, rng.pick(&[1u16, 8080, 65535]))
-            });
+            let node_name =
+                rng.pick::<Option<Arc<str>>>(&[Some("here".into()), Some("there".into()), None]);
+            let zone = rng.pick::<Option<Arc<str>>>(&[Some("z1".into()), Some("z2".into()), None]);
+            let zones: Vec<Arc<str>> = if rng.one_in(3) {
+                vec!["z1".into()]
+            } else {
+                Vec::new()
+            };
+            let nodes: Vec<Arc<str>> = if rng.one_in(4) {
+                vec!["here".into()]
+            } else {
+                Vec::new()
+            };
+            eps.push(
+                Endpoint {
+                    ready,
+                    serving,
+                    terminating,
+                    node_name,
+                    zone,
+                    ..Endpoint::ready(address, rng.pick(&[1u16, 8080, 65535]))
+                }
+                .with_hints(zones, nodes),
+            );
         }
         eps.sort();
         eps.dedup_by(|a, b| a.ip == b.ip && a.port == b.port);

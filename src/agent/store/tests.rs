@@ -108,8 +108,8 @@ fn slices_of_one_service_merge_and_changes_keep_first_previous() {
     let changes = st.take_changes();
     let (key, change) = &changes.endpoints[0];
     assert_eq!(key, &("ns".to_string(), "web".to_string()));
-    assert_eq!(change.previous.values().flatten().count(), 1);
-    assert_eq!(change.current.values().flatten().count(), 3);
+    assert_eq!(change.previous.iter().flat_map(|(_, e)| e).count(), 1);
+    assert_eq!(change.current.iter().flat_map(|(_, e)| e).count(), 3);
     assert_eq!(change.first_event, t1);
 }
 
