@@ -16,4 +16,5 @@ pub mod nft;
 pub mod process;
 pub mod selection;
 pub mod synth;
+pub mod tally;
 pub mod trace;

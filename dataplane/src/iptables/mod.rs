@@ -34,6 +34,8 @@ pub struct IptablesBackend<E: IptablesExecutor> {
     no_direct: bool,
     /// Rules written into our chains by the last sync, per family and table.
     last_written: BTreeMap<(IpFamily, plan::TableName), usize>,
+    /// The endpoint count of the last successful sync, for the next one's report.
+    tally: Option<crate::tally::EndpointTally>,
 }
 
 impl<E: IptablesExecutor> IptablesBackend<E> {
@@ -44,6 +46,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
             plain_only: false,
             no_direct: false,
             last_written: BTreeMap::new(),
+            tally: None,
         }
     }
 
@@ -225,6 +228,7 @@ impl<E: IptablesExecutor> IptablesBackend<E> {
 impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
     fn sync(&mut self, snapshot: &Snapshot, scope: Scope<'_>) -> Result<SyncReport, BackendError> {
         let started = Instant::now();
+        let mut tally = self.tally.take();
         let first = self.applied.families.is_empty();
         if (scope.is_full() || first) && plan::fixed::localhost_node_ports(&snapshot.node) {
             self.exec.enable_route_localnet()?;
@@ -291,6 +295,8 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
         if let Some(e) = failure {
             return Err(e.into());
         }
+        let endpoints = crate::tally::after_sync(&mut tally, snapshot, &scope);
+        self.tally = tally;
         Ok(SyncReport {
             full,
             drift,
@@ -304,7 +310,7 @@ impl<E: IptablesExecutor> Backend for IptablesBackend<E> {
             conflicts: report.conflicts,
             no_local_endpoints: report.no_local_endpoints,
             services: snapshot.service_count(),
-            endpoints: snapshot.endpoint_count(),
+            endpoints,
         })
     }
 

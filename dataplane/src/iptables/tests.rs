@@ -1116,3 +1116,25 @@ fn a_refused_direct_write_falls_back_to_the_restore_for_good() {
     b.sync(&s, Scope::RepairAll).unwrap();
     assert_eq!(b.executor().created.len(), 1, "not tried again");
 }
+
+#[test]
+fn a_partial_sync_reports_the_endpoint_count_kept_service_by_service() {
+    let mut s = crate::synth::cluster(30, 10);
+    let mut b = IptablesBackend::new(FakeIptables::default());
+    assert_eq!(b.sync(&s, Scope::AllServices).unwrap().endpoints, 300);
+    crate::synth::replace_endpoint(&mut s, 7, 3, 1);
+    let eight = s
+        .endpoints
+        .keys()
+        .find(|n| n.name == "svc-8")
+        .cloned()
+        .unwrap();
+    s.endpoints.get_mut(&eight).unwrap().pop();
+    let changed = BTreeSet::from([
+        ("bench".to_string(), "svc-7".to_string()),
+        ("bench".to_string(), "svc-8".to_string()),
+    ]);
+    let report = b.sync(&s, Scope::Services(&changed)).unwrap();
+    assert_eq!(report.endpoints, 299);
+    assert_eq!(report.endpoints, s.endpoint_count());
+}

@@ -79,6 +79,8 @@ pub struct IpvsBackend<K: IpvsKernel, E: IptablesExecutor> {
     drain_recheck: std::time::Duration,
     drain_checked: Option<Instant>,
     pub last: IpvsStats,
+    /// The endpoint count of the last successful sync, for the next one's report.
+    tally: Option<crate::tally::EndpointTally>,
 }
 
 /// [`IpvsBackend`]'s `drain_recheck`.
@@ -100,6 +102,7 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
             drain_recheck: DRAIN_RECHECK,
             drain_checked: None,
             last: IpvsStats::default(),
+            tally: None,
         }
     }
 
@@ -254,10 +257,14 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
             return Ok(None);
         };
         let no_local_endpoints = applied.plan.no_local_endpoints.clone();
+        let mut tally = self.tally.take();
         // From here the last plan is the new one: a failure sends the next sync to the
         // kernel for the truth.
         match self.apply_delta(snapshot, &delta) {
             Ok((ops, stats)) => {
+                let endpoints =
+                    crate::tally::after_sync(&mut tally, snapshot, &Scope::Services(changed));
+                self.tally = tally;
                 let set_changes = delta.members_added.len() + delta.members_removed.len();
                 let address_changes = delta.bound_added.len() + delta.bound_removed.len();
                 self.last = IpvsStats {
@@ -274,7 +281,7 @@ impl<K: IpvsKernel, E: IptablesExecutor> IpvsBackend<K, E> {
                     conflicts: Vec::new(),
                     no_local_endpoints,
                     services: snapshot.service_count(),
-                    endpoints: snapshot.endpoint_count(),
+                    endpoints,
                 }))
             }
             Err(e) => {
@@ -525,6 +532,8 @@ impl<K: IpvsKernel, E: IptablesExecutor> Backend for IpvsBackend<K, E> {
                 return Ok(report);
             }
         }
+        // Counted again whole if this sync succeeds; none kept if it fails.
+        self.tally = None;
         let addrs = match (&self.applied, full || matches!(scope, Scope::AllServices)) {
             (Some(a), false) => a.addresses.clone(),
             _ => self.kernel.link().addresses().map_err(IpvsError::Link)?,
@@ -588,6 +597,8 @@ impl<K: IpvsKernel, E: IptablesExecutor> Backend for IpvsBackend<K, E> {
             self.applied = None;
             return Err(e.into());
         }
+        // The whole plan was made: the endpoints are counted whole, and kept.
+        let endpoints = crate::tally::after_sync(&mut self.tally, snapshot, &Scope::AllServices);
         let report = SyncReport {
             full,
             drift,
@@ -596,7 +607,7 @@ impl<K: IpvsKernel, E: IptablesExecutor> Backend for IpvsBackend<K, E> {
             conflicts: plan.conflicts.clone(),
             no_local_endpoints: plan.no_local_endpoints.clone(),
             services: snapshot.service_count(),
-            endpoints: snapshot.endpoint_count(),
+            endpoints,
         };
         self.applied = Some(Applied {
             plan,

@@ -102,7 +102,8 @@ fn removed_tcp_server_with_connections_drains_then_goes() {
         .nth(1)
         .unwrap()
         .retain(|e| e.ip != gone);
-    b.sync(&snap, Scope::Services(&changed(1))).unwrap();
+    let report = b.sync(&snap, Scope::Services(&changed(1))).unwrap();
+    assert_eq!(report.endpoints, 3, "the count kept service by service");
     assert_eq!(
         b.kernel().ops.last(),
         Some(&Op::UpdateDest(id(1), gone, 8080, 0))

@@ -20,6 +20,7 @@ use crate::backend::{
     Subscribe, SyncReport, Upkeep,
 };
 use crate::model::Snapshot;
+use crate::tally::EndpointTally;
 use kernel::{NftError, NftExecutor};
 use ownership::Index;
 use std::collections::BTreeSet;
@@ -31,39 +32,7 @@ use tables::Ruleset;
 struct Applied {
     ruleset: Ruleset,
     index: Index,
-    endpoints: Tally,
-}
-
-/// The snapshot's endpoint count, kept up to date service by service: counting it whole
-/// was 41% of the agent's CPU at 10k services and 100 changes a second (perf).
-#[derive(Debug, Default)]
-struct Tally {
-    total: usize,
-    per_service: std::collections::HashMap<ServiceKey, usize>,
-}
-
-impl Tally {
-    fn of(snapshot: &Snapshot) -> Tally {
-        let mut t = Tally::default();
-        for (name, eps) in &snapshot.endpoints {
-            *t.per_service
-                .entry((name.namespace.clone(), name.name.clone()))
-                .or_default() += eps.len();
-            t.total += eps.len();
-        }
-        t
-    }
-
-    fn update(&mut self, snapshot: &Snapshot, changed: &BTreeSet<ServiceKey>) {
-        for key in changed {
-            let now = snapshot.endpoints_of_service(&key.0, &key.1);
-            let before = match now {
-                0 => self.per_service.remove(key),
-                n => self.per_service.insert(key.clone(), n),
-            };
-            self.total = (self.total + now).saturating_sub(before.unwrap_or(0));
-        }
-    }
+    endpoints: EndpointTally,
 }
 
 /// Programs Switchyard's `ip`/`ip6 switchyard` tables through an [`NftExecutor`].
@@ -250,7 +219,7 @@ impl<E: NftExecutor> NftBackend<E> {
         self.forget_stale_clients(&applied.ruleset, &tx);
         let report = plan::report_of(&applied.index, Vec::new());
         applied.endpoints.update(snapshot, changed);
-        let endpoints = applied.endpoints.total;
+        let endpoints = applied.endpoints.total();
         self.applied = Some(applied);
         Ok(Ok(SyncReport {
             full: false,
@@ -294,8 +263,8 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
         let tx = diff::diff(&current, &desired, full);
         self.commit(&tx)?;
         self.forget_stale_clients(&desired, &tx);
-        let endpoints = Tally::of(snapshot);
-        let endpoint_count = endpoints.total;
+        let endpoints = EndpointTally::of(snapshot);
+        let endpoint_count = endpoints.total();
         self.applied = Some(Applied {
             ruleset: desired,
             index,
