@@ -178,6 +178,74 @@ fn answering(ns: &str, range: std::ops::Range<usize>) -> (usize, usize) {
     (ok, sample.len())
 }
 
+/// A node, a configuration for `mode`, and the two clusters of a kill test: A programmed by
+/// `sync --once`, B by an agent started so as to be killed.
+struct ColdSync<'a> {
+    node: &'a LocalNode,
+    cfg: std::path::PathBuf,
+    a: std::path::PathBuf,
+    b: std::path::PathBuf,
+}
+
+impl<'a> ColdSync<'a> {
+    fn new(
+        node: &'a LocalNode,
+        mode: &str,
+        a: std::path::PathBuf,
+        b: std::path::PathBuf,
+    ) -> ColdSync<'a> {
+        let cfg = node.dir.path().join("kill.yaml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "kind: KubeProxyConfiguration\napiVersion: kubeproxy.config.k8s.io/v1alpha1\n\
+                 mode: {mode}\nhostnameOverride: node-a\nminSyncPeriod: 0s\nsyncPeriod: 30s\n\
+                 healthzBindAddress: \"\"\nmetricsBindAddress: \"\"\n"
+            ),
+        )
+        .unwrap();
+        ColdSync { node, cfg, a, b }
+    }
+
+    /// `sync --once --full` of A, then every sampled service of `a` must answer.
+    fn program_a(&self, a: &std::ops::Range<usize>) {
+        let out = self.node.node.exec(
+            env!("CARGO_BIN_EXE_switchyard"),
+            &[
+                "sync",
+                "--once",
+                "--full",
+                "--config",
+                self.cfg.to_str().unwrap(),
+                "--manifests",
+                self.a.to_str().unwrap(),
+            ],
+        );
+        assert!(out.success(), "{}", out.transcript());
+        assert_eq!(
+            answering(self.node.ns(), a.clone()),
+            answering_all(a),
+            "A after sync --once"
+        );
+    }
+
+    /// `switchyard run` on B, its log in `kill-<n>.log`.
+    fn start_b(&self, n: usize) -> (std::process::Child, std::path::PathBuf) {
+        let log = self.node.dir.path().join(format!("kill-{n}.log"));
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", self.node.ns()])
+            .args([env!("CARGO_BIN_EXE_switchyard"), "run", "--config"])
+            .arg(&self.cfg)
+            .arg("--manifests")
+            .arg(&self.b)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        (child, log)
+    }
+}
+
 /// SIGKILL at points spread over a cold sync that replaces one cluster (A) by a larger one
 /// (B): after each kill the node serves A whole or B whole, never a mix or nothing, and an
 /// agent started again converges on B. nftables mode commits one transaction (written whole
@@ -191,50 +259,9 @@ fn killed_during_a_cold_sync(mode: &str) {
     let (a, b) = (0..100, 1000..4000);
     std::fs::write(dir.join("a.json"), manifest("a", a.clone())).unwrap();
     std::fs::write(dir.join("b.json"), manifest("b", b.clone())).unwrap();
-    let cfg = dir.join("kill.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "kind: KubeProxyConfiguration\napiVersion: kubeproxy.config.k8s.io/v1alpha1\n\
-             mode: {mode}\nhostnameOverride: node-a\nminSyncPeriod: 0s\nsyncPeriod: 30s\n\
-             healthzBindAddress: \"\"\nmetricsBindAddress: \"\"\n"
-        ),
-    )
-    .unwrap();
-    let bin = env!("CARGO_BIN_EXE_switchyard");
-    let program_a = || {
-        let out = node.node.exec(
-            bin,
-            &[
-                "sync",
-                "--once",
-                "--full",
-                "--config",
-                cfg.to_str().unwrap(),
-                "--manifests",
-                dir.join("a.json").to_str().unwrap(),
-            ],
-        );
-        assert!(out.success(), "{}", out.transcript());
-        assert_eq!(
-            answering(&ns, a.clone()),
-            answering_all(&a),
-            "A after sync --once"
-        );
-    };
-    let start_b = |n: usize| {
-        let log = dir.join(format!("kill-{n}.log"));
-        let child = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns, bin, "run", "--config"])
-            .arg(&cfg)
-            .arg("--manifests")
-            .arg(dir.join("b.json"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        (child, log)
-    };
+    let run = ColdSync::new(&node, mode, dir.join("a.json"), dir.join("b.json"));
+    let program_a = || run.program_a(&a);
+    let start_b = |n: usize| run.start_b(n);
     // How long the cold sync from A to B takes, uninterrupted.
     program_a();
     let t0 = Instant::now();
@@ -338,47 +365,9 @@ fn guest_ipvs_killed_during_a_cold_sync() {
             .unwrap();
         }
     }
-    let cfg = dir.join("kill.yaml");
-    std::fs::write(
-        &cfg,
-        "kind: KubeProxyConfiguration\napiVersion: kubeproxy.config.k8s.io/v1alpha1\n\
-         mode: ipvs\nhostnameOverride: node-a\nminSyncPeriod: 0s\nsyncPeriod: 30s\n\
-         healthzBindAddress: \"\"\nmetricsBindAddress: \"\"\n",
-    )
-    .unwrap();
-    let bin = env!("CARGO_BIN_EXE_switchyard");
-    let program_a = || {
-        let out = node.node.exec(
-            bin,
-            &[
-                "sync",
-                "--once",
-                "--config",
-                cfg.to_str().unwrap(),
-                "--manifests",
-                dir.join("a").to_str().unwrap(),
-            ],
-        );
-        assert!(out.success(), "{}", out.transcript());
-        assert_eq!(
-            answering(&ns, a.clone()),
-            answering_all(&a),
-            "A after sync --once"
-        );
-    };
-    let start_b = |n: usize| {
-        let log = dir.join(format!("kill-{n}.log"));
-        let child = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns, bin, "run", "--config"])
-            .arg(&cfg)
-            .arg("--manifests")
-            .arg(dir.join("b"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        (child, log)
-    };
+    let run = ColdSync::new(&node, "ipvs", dir.join("a"), dir.join("b"));
+    let program_a = || run.program_a(&a);
+    let start_b = |n: usize| run.start_b(n);
     // How many virtual services the kernel holds (one port per service).
     let virtual_services = || {
         netns::in_netns(&ns, || {

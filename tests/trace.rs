@@ -9,17 +9,8 @@ mod rig;
 
 use std::collections::BTreeSet;
 
-use rig::cases::{Cases, Mode, SourceKind, Verdict};
+use rig::cases::{Cases, Mode, Verdict};
 use serde_json::Value;
-
-fn kind(k: SourceKind) -> &'static str {
-    match k {
-        SourceKind::Pod | SourceKind::EndpointSelf => "pod",
-        SourceKind::Node | SourceKind::LbIpSelf => "node",
-        SourceKind::Localhost => "localhost",
-        SourceKind::External => "external",
-    }
-}
 
 fn check(cases: &Cases, mode: Mode) -> usize {
     let dir = tempfile::tempdir().unwrap();
@@ -42,7 +33,7 @@ fn check(cases: &Cases, mode: Mode) -> usize {
                 .arg("--manifests")
                 .arg(&manifests)
                 .args(["--from", &f.source.to_string(), "--to", &to])
-                .args(["--from-kind", kind(f.source_kind), "--json"])
+                .args(["--from-kind", f.source_kind.trace_kind(), "--json"])
                 .output()
                 .unwrap();
             assert!(

@@ -29,41 +29,14 @@ use rig::cases::{
     SlicePort, SourceKind, TargetPort, Verdict,
 };
 use rig::net::Outcome;
+use rig::random::{env_or, Rng};
 use rig::{Rig, RigOptions, Status};
 
 /// The most flows probed per node state (DNAT flows make 36 connections each).
 const FLOWS: usize = 28;
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
-}
-
-/// A small deterministic generator: a seed gives the same node state on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 33) as usize) % n.max(1)
-    }
-
-    fn one_in(&mut self, n: usize) -> bool {
-        self.below(n) == 0
-    }
-
-    fn pick<T: Clone>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())].clone()
-    }
 }
 
 /// The addresses of one family.
@@ -391,15 +364,6 @@ fn flows(plan: &Plan, services: &[Service], slices: &[EndpointSlice]) -> Vec<Flo
     out
 }
 
-fn trace_kind(k: SourceKind) -> &'static str {
-    match k {
-        SourceKind::Pod | SourceKind::EndpointSelf => "pod",
-        SourceKind::Node | SourceKind::LbIpSelf => "node",
-        SourceKind::Localhost => "localhost",
-        SourceKind::External => "external",
-    }
-}
-
 /// What `switchyard trace` says `flow` does on this node state, and for a hairpin flow
 /// (one endpoint masqueraded, the others not) whether each endpoint is masqueraded.
 fn trace(config: &std::path::Path, manifests: &std::path::Path, flow: &Flow) -> (Expect, Hairpin) {
@@ -412,7 +376,7 @@ fn trace(config: &std::path::Path, manifests: &std::path::Path, flow: &Flow) -> 
         .arg(manifests)
         .args(["--from", &flow.source.to_string()])
         .args(["--to", &format!("{to}/{}", flow.protocol)])
-        .args(["--from-kind", trace_kind(flow.source_kind), "--json"])
+        .args(["--from-kind", flow.source_kind.trace_kind(), "--json"])
         .output()
         .unwrap();
     assert!(

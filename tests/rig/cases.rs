@@ -296,6 +296,18 @@ pub enum SourceKind {
     LbIpSelf,
 }
 
+impl SourceKind {
+    /// What `switchyard trace --from-kind` calls it.
+    pub fn trace_kind(self) -> &'static str {
+        match self {
+            SourceKind::Pod | SourceKind::EndpointSelf => "pod",
+            SourceKind::Node | SourceKind::LbIpSelf => "node",
+            SourceKind::Localhost => "localhost",
+            SourceKind::External => "external",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 pub enum Verdict {
     #[serde(rename = "DNAT")]
