@@ -1138,3 +1138,21 @@ fn a_partial_sync_reports_the_endpoint_count_kept_service_by_service() {
     assert_eq!(report.endpoints, 299);
     assert_eq!(report.endpoints, s.endpoint_count());
 }
+
+/// A sync that changes nothing (the agent's retry of a failed conntrack cleanup) writes
+/// nothing and succeeds.
+#[test]
+fn a_partial_sync_of_no_service_writes_nothing() {
+    let s = crate::synth::cluster(5, 2);
+    let mut b = IptablesBackend::new(FakeIptables::default());
+    b.sync(&s, Scope::AllServices).unwrap();
+    let inputs = b.executor().inputs.len();
+    let report = b.sync(&s, Scope::Services(&BTreeSet::new())).unwrap();
+    assert_eq!(report.endpoints, 10);
+    assert_eq!(report.stats.operations(), 0);
+    let written: Vec<_> = b.executor().inputs[inputs..]
+        .iter()
+        .filter(|(_, input)| input.lines().any(|l| l.starts_with("-A ")))
+        .collect();
+    assert!(written.is_empty(), "{written:?}");
+}

@@ -236,3 +236,17 @@ fn services_going_away_take_their_addresses_and_cleanup_takes_the_rest() {
     let nat = &b.ipt.families[&IpFamily::V4].tables["nat"];
     assert!(!nat.chains.contains("KUBE-SERVICES"));
 }
+
+/// A sync that changes nothing (the agent's retry of a failed conntrack cleanup) asks
+/// nothing of IPVS and succeeds.
+#[test]
+fn a_partial_sync_of_no_service_changes_nothing() {
+    let mut b = backend();
+    let snap = synth::cluster(5, 2);
+    b.sync(&snap, Scope::AllServices).unwrap();
+    let ops = b.kernel().ops.len();
+    let report = b.sync(&snap, Scope::Services(&BTreeSet::new())).unwrap();
+    assert_eq!(report.endpoints, 10);
+    assert_eq!(b.kernel().ops.len(), ops);
+    assert_eq!(b.last.operations, 0);
+}
