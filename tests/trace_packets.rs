@@ -7,10 +7,9 @@
 //! `sync --once`, and every sampled flow's real packets must do exactly what trace said:
 //! verdict, the set of endpoints reached, masquerade.
 //!
-//! nftables and iptables modes; IPVS mode's kernel is the QEMU guest's, where its packets
-//! are checked against the conformance flows (tests/ipvs.rs) that trace is checked against
-//! too (tests/trace.rs). SWITCHYARD_TRACE_CASES node states per mode (default 2),
-//! SWITCHYARD_PROPERTY_SEED moves them; a failure names its seed.
+//! nftables and iptables modes on the host; IPVS mode in the QEMU guest (tests/guest), whose
+//! kernel has IPVS. SWITCHYARD_TRACE_CASES node states per mode (default 2 on the host, 1
+//! in the guest), SWITCHYARD_PROPERTY_SEED moves them; a failure names its seed.
 //! Needs root; prints SKIP otherwise (fails if SWITCHYARD_REQUIRE_NETNS=1).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -19,9 +18,6 @@ mod guest;
 mod rig;
 
 use std::collections::{BTreeMap, BTreeSet};
-
-/// Per endpoint, whether trace says its connections are masqueraded (hairpin flows).
-type Hairpin = Option<BTreeMap<String, bool>>;
 use std::net::IpAddr;
 
 use rig::cases::{
@@ -34,6 +30,9 @@ use rig::{Rig, RigOptions, Status};
 
 /// The most flows probed per node state (DNAT flows make 36 connections each).
 const FLOWS: usize = 28;
+
+/// Per endpoint, whether trace says its connections are masqueraded (hairpin flows).
+type Hairpin = Option<BTreeMap<String, bool>>;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
