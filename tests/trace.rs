@@ -22,27 +22,7 @@ fn check(cases: &Cases, mode: Mode) -> usize {
         std::fs::write(&cfg, rig::manifests::kube_proxy_config(&s.node, mode)).unwrap();
         std::fs::write(&manifests, rig::manifests::scenario_yaml(s)).unwrap();
         for f in &s.flows {
-            let to = match f.destination {
-                std::net::IpAddr::V4(a) => format!("{a}:{}/{}", f.port, f.protocol),
-                std::net::IpAddr::V6(a) => format!("[{a}]:{}/{}", f.port, f.protocol),
-            };
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-                .arg("trace")
-                .arg("--config")
-                .arg(&cfg)
-                .arg("--manifests")
-                .arg(&manifests)
-                .args(["--from", &f.source.to_string(), "--to", &to])
-                .args(["--from-kind", f.source_kind.trace_kind(), "--json"])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}: {}",
-                f.name,
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let got: Value = f.trace(&cfg, &manifests);
             let want = f.expectation(mode);
             let verdict = match want.verdict {
                 Verdict::Dnat => "DNAT",

@@ -366,25 +366,7 @@ fn flows(plan: &Plan, services: &[Service], slices: &[EndpointSlice]) -> Vec<Flo
 /// What `switchyard trace` says `flow` does on this node state, and for a hairpin flow
 /// (one endpoint masqueraded, the others not) whether each endpoint is masqueraded.
 fn trace(config: &std::path::Path, manifests: &std::path::Path, flow: &Flow) -> (Expect, Hairpin) {
-    let to = std::net::SocketAddr::new(flow.destination, flow.port);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .arg("trace")
-        .arg("--config")
-        .arg(config)
-        .arg("--manifests")
-        .arg(manifests)
-        .args(["--from", &flow.source.to_string()])
-        .args(["--to", &format!("{to}/{}", flow.protocol)])
-        .args(["--from-kind", flow.source_kind.trace_kind(), "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "trace of {}: {}",
-        flow.name,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got = flow.trace(config, manifests);
     let verdict: Verdict = serde_json::from_value(got["verdict"].clone()).unwrap();
     let endpoints = got["endpoints"].as_array().unwrap();
     // The rig checks one masquerade for every connection of a flow; a hairpin flow has one

@@ -411,8 +411,8 @@ mod tests {
     }
 
     /// kube-proxy's pkg/proxy/serviceport.go `newBaseServiceInfo`: a zero-masked CIDR in a
-    /// family's ranges means "allow any", the same as no ranges (servicechangetracker_test.go
-    /// builds its services with it). Ranges of the other family do not count.
+    /// family's ranges means "allow any", the same as no ranges. Ranges of the other family
+    /// do not count.
     #[test]
     fn a_zero_masked_source_range_admits_everyone_as_no_ranges_do() {
         assert!(lb(&["198.51.100.0/24", "0.0.0.0/0"])

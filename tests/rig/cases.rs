@@ -435,6 +435,30 @@ impl Flow {
 }
 
 impl Flow {
+    /// What `switchyard trace --json` says of this flow, given a configuration and
+    /// manifests; panics (naming the flow) when trace fails.
+    pub fn trace(&self, config: &Path, manifests: &Path) -> serde_json::Value {
+        let to = std::net::SocketAddr::new(self.destination, self.port);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .arg("trace")
+            .arg("--config")
+            .arg(config)
+            .arg("--manifests")
+            .arg(manifests)
+            .args(["--from", &self.source.to_string()])
+            .args(["--to", &format!("{to}/{}", self.protocol)])
+            .args(["--from-kind", self.source_kind.trace_kind(), "--json"])
+            .output()
+            .expect("running switchyard trace");
+        assert!(
+            out.status.success(),
+            "trace of {}: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("trace's JSON")
+    }
+
     /// A flow built in code (for rig self-checks and incremental tests).
     pub fn new(
         name: &str,

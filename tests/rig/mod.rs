@@ -328,8 +328,9 @@ impl Rig {
         let router_sysctls: Vec<&str> = common.iter().chain(router.iter()).copied().collect();
         netns::sysctls(&self.node_ns, &router_sysctls);
         // The node answers every REJECT with an ICMP error, which the kernel also limits
-        // per namespace as a whole (50 at once, 1000 a second by default): raised so that
-        // no probe's error is swallowed. Older kernels keep these global; there -e skips.
+        // per namespace as a whole (50 at once, 1000 a second by default here): raised after
+        // a REJECT flow once saw one probe time out among refused ones. -e skips a kernel
+        // without these settings per namespace.
         netns::run(
             "ip",
             &[

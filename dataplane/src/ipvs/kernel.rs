@@ -129,9 +129,9 @@ impl RealIpvs {
 
     /// `f` on the socket. A failure of the conversation itself (the socket erred, a reply
     /// was lost or garbled) leaves it where nobody knows: a dump cut short stays running in
-    /// the kernel, which then answers every later dump on that socket with EBUSY, and
-    /// answers still queued would be read as the next request's. So the socket is replaced;
-    /// a refusal by the kernel (an errno answer) leaves the conversation sound.
+    /// the kernel, which then answered every later dump on that socket with EBUSY (the
+    /// guest's `ipvs_netlink_faults_in_guest`). So the socket is replaced; a refusal by the
+    /// kernel (an errno answer) leaves the conversation sound.
     fn on_socket<T>(
         &mut self,
         f: impl FnOnce(&mut IpvsSocket) -> Result<T, GenlError>,
