@@ -117,11 +117,6 @@ struct Shortcut {
     kind: LbKind,
 }
 
-/// Maps whose elements are backend slots, kept stable across layouts.
-fn is_backends_map(set: &str) -> bool {
-    super::skeleton::BACKEND_MAPS.contains(&set)
-}
-
 /// The sources a load-balancer IP of `svc` admits, if it has loadBalancerSourceRanges in
 /// `family`: the ranges, and, when one holds the node's primary address, the load-balancer
 /// IPs themselves (a node reaching a VIP bound on itself sends from the VIP).
@@ -353,8 +348,9 @@ impl<'a> Builder<'a> {
         let slots = assign_slots(&prev, &wanted);
         let n = slots.len();
         for (i, v) in slots.into_iter().enumerate() {
-            self.put_owned(rec, backends, format!("{key} . {i}"), Some(v));
+            self.put(backends, ownership::slot_key(key, i), Some(v));
         }
+        rec.slots.push((backends, key.to_string(), n));
         self.use_chain(rec, kind, n);
         format!("goto {}", kind.chain(n))
     }
@@ -513,14 +509,19 @@ impl<'a> Builder<'a> {
                 }
                 continue;
             }
-            let old = self.take(set, &key);
-            if let (Some(value), true) = (old, is_backends_map(set)) {
-                self.removed
-                    .sets
-                    .entry(set.to_string())
-                    .or_default()
-                    .elements
-                    .insert(key, value);
+            self.take(set, &key);
+        }
+        for (set, key, n) in rec.slots {
+            for i in 0..n {
+                let key = ownership::slot_key(&key, i);
+                if let Some(value) = self.take(set, &key) {
+                    self.removed
+                        .sets
+                        .entry(set.to_string())
+                        .or_default()
+                        .elements
+                        .insert(key, value);
+                }
             }
         }
         for (kind, n) in rec.lb {
