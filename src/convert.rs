@@ -2,8 +2,8 @@
 //! names the object and the field) whatever kube-proxy would not or could not program.
 
 use dataplane::model::{
-    Endpoint, IpFamily, Protocol, Seniority, ServicePort, ServicePortName, SessionAffinity,
-    TrafficDistribution, TrafficPolicy,
+    Endpoint, Endpoints, IpFamily, Protocol, Seniority, ServicePort, ServicePortName,
+    SessionAffinity, TrafficDistribution, TrafficPolicy,
 };
 use ipnetwork::IpNetwork;
 use k8s_openapi::api::core::v1::Service;
@@ -450,7 +450,9 @@ fn affinity_timeout(
 /// The endpoints one slice contributes, by the service port they belong to, sorted by it.
 /// A vector: a slice mostly serves one port, and a `BTreeMap` of one entry is a node of
 /// eleven (1.1 KiB a slice, heaptrack).
-pub type SliceEndpoints = Vec<(ServicePortName, Vec<Endpoint>)>;
+/// Each list is sorted and deduplicated as a merged one is, so that a service's only slice
+/// is its endpoints as they are (see [`merge`]).
+pub type SliceEndpoints = Vec<(ServicePortName, Endpoints)>;
 
 /// The family of an EndpointSlice's `addressType`; none for FQDN and anything unknown.
 pub fn address_family(address_type: &str) -> Option<IpFamily> {
@@ -578,37 +580,62 @@ pub fn endpoint_slice(
     }
     let mut out = BTreeMap::new();
     for (pname, proto, num) in ports {
-        let list = endpoints
+        let mut list: Vec<Endpoint> = endpoints
             .iter()
             .map(|e| Endpoint {
                 port: num,
                 ..e.clone()
             })
             .collect();
-        out.insert(ServicePortName::new(ns, service, &pname, proto), list);
+        normalize(&mut list);
+        out.insert(
+            ServicePortName::new(ns, service, &pname, proto),
+            list.into(),
+        );
     }
     Ok(out.into_iter().collect())
 }
 
-/// Merge slices' endpoints: one entry per address and port, preferring the most usable copy.
-pub fn merge(into: &mut BTreeMap<ServicePortName, Vec<Endpoint>>, slice: SliceEndpoints) {
-    for (name, eps) in slice {
-        into.entry(name).or_default().extend(eps);
+/// Merge slices' endpoints: one entry per address and port, preferring the most usable copy,
+/// sorted by service port; ports without endpoints are left out. One slice alone is shared
+/// as it is, without a copy: it is already what a merge of it gives.
+pub fn merge<'a>(
+    slices: impl IntoIterator<Item = &'a SliceEndpoints>,
+) -> Vec<(ServicePortName, Endpoints)> {
+    let mut slices = slices.into_iter().peekable();
+    let Some(first) = slices.next() else {
+        return Vec::new();
+    };
+    if slices.peek().is_none() {
+        return first
+            .iter()
+            .filter(|(_, e)| !e.is_empty())
+            .cloned()
+            .collect();
     }
+    let mut out: BTreeMap<ServicePortName, Vec<Endpoint>> = BTreeMap::new();
+    for (name, eps) in std::iter::once(first).chain(slices).flatten() {
+        out.entry(name.clone()).or_default().extend_from_slice(eps);
+    }
+    out.into_iter()
+        .filter(|(_, e)| !e.is_empty())
+        .map(|(name, mut eps)| {
+            normalize(&mut eps);
+            (name, eps.into())
+        })
+        .collect()
 }
 
-/// Sort and deduplicate merged endpoint lists.
-pub fn normalize(map: &mut BTreeMap<ServicePortName, Vec<Endpoint>>) {
-    for eps in map.values_mut() {
-        // Best first for each (ip, port): ready, then serving.
-        eps.sort_by(|a, b| {
-            (a.ip, a.port)
-                .cmp(&(b.ip, b.port))
-                .then(b.ready.cmp(&a.ready))
-                .then(b.serving.cmp(&a.serving))
-        });
-        eps.dedup_by(|later, first| later.ip == first.ip && later.port == first.port);
-    }
+/// Sort and deduplicate an endpoint list.
+pub fn normalize(eps: &mut Vec<Endpoint>) {
+    // Best first for each (ip, port): ready, then serving.
+    eps.sort_by(|a, b| {
+        (a.ip, a.port)
+            .cmp(&(b.ip, b.port))
+            .then(b.ready.cmp(&a.ready))
+            .then(b.serving.cmp(&a.serving))
+    });
+    eps.dedup_by(|later, first| later.ip == first.ip && later.port == first.port);
 }
 
 mod interned;

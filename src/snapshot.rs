@@ -8,7 +8,6 @@ use dataplane::model::{IpFamily, LocalDetector, NodeConfig, NodePortAddresses, S
 use ipnetwork::IpNetwork;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 /// Label carrying the node's zone.
@@ -222,15 +221,14 @@ pub fn build(
             Err(s) => skipped.record(s),
         }
     }
-    let mut endpoints = BTreeMap::new();
+    let mut slices = Vec::new();
     for slice in &objs.slices {
         match convert::endpoint_slice(slice, &mut skipped.warnings) {
-            Ok(eps) => convert::merge(&mut endpoints, eps),
+            Ok(eps) => slices.push(eps),
             Err(s) => skipped.record(s),
         }
     }
-    convert::normalize(&mut endpoints);
-    snapshot.endpoints = endpoints;
+    snapshot.endpoints = convert::merge(&slices).into_iter().collect();
     // Contested front ends are decided here, once, for every backend.
     skipped
         .warnings

@@ -83,7 +83,7 @@ static CONVERTED: AtomicU64 = AtomicU64::new(0);
 /// an object, never panic.
 fn convert_all(objects: &[manifests::Object]) {
     let mut warnings = Vec::new();
-    let mut endpoints = std::collections::BTreeMap::new();
+    let mut slices = Vec::new();
     let mut converted = 0;
     for o in objects {
         match o {
@@ -92,14 +92,14 @@ fn convert_all(objects: &[manifests::Object]) {
             }
             manifests::Object::EndpointSlice(s) => {
                 if let Ok(e) = convert::endpoint_slice(s, &mut warnings) {
-                    convert::merge(&mut endpoints, e);
+                    slices.push(e);
                     converted += 1;
                 }
             }
             manifests::Object::Node(_) | manifests::Object::ServiceCidr(_) => {}
         }
     }
-    convert::normalize(&mut endpoints);
+    convert::merge(&slices);
     if !objects.is_empty() {
         PARSED.fetch_add(1, Ordering::Relaxed);
     }

@@ -60,7 +60,8 @@ fn snapshot() -> Snapshot {
         vec![Endpoint {
             node_name: Some(s.node.name.as_str().into()),
             ..Endpoint::ready(ip("10.9.0.53"), 5353)
-        }],
+        }]
+        .into(),
     );
     let v6 = ServicePortName::new("bench", "web6", "https", Protocol::Tcp);
     let mut web6 = ServicePort::cluster(v6.clone(), ip("fd00:30::10"), 443);
@@ -72,7 +73,8 @@ fn snapshot() -> Snapshot {
         vec![
             Endpoint::ready(ip("fd10::1"), 8443),
             Endpoint::ready(ip("fd10::2:0:1"), 8443),
-        ],
+        ]
+        .into(),
     );
     // A service without endpoints: no-endpoint verdicts.
     let empty = ServicePortName::new("bench", "empty", "", Protocol::Tcp);
@@ -257,11 +259,17 @@ fn element_batches_commit_exactly_or_not_at_all() {
     let mut after = before.clone();
     // Same endpoint counts, other addresses, both families: elements only.
     let name = ServicePortName::new("bench", "svc-3", "http", Protocol::Tcp);
-    after.endpoints.get_mut(&name).unwrap()[1].ip = ip("10.77.0.1");
+    dataplane::model::edit_endpoints(after.endpoints.get_mut(&name).unwrap(), |e| {
+        e[1].ip = ip("10.77.0.1")
+    });
     let v6 = ServicePortName::new("bench", "web6", "https", Protocol::Tcp);
-    after.endpoints.get_mut(&v6).unwrap()[0].ip = ip("fd10::77");
+    dataplane::model::edit_endpoints(after.endpoints.get_mut(&v6).unwrap(), |e| {
+        e[0].ip = ip("fd10::77")
+    });
     let dns = ServicePortName::new("bench", "dns", "dns", Protocol::Udp);
-    after.endpoints.get_mut(&dns).unwrap()[0].ip = ip("10.9.0.54");
+    dataplane::model::edit_endpoints(after.endpoints.get_mut(&dns).unwrap(), |e| {
+        e[0].ip = ip("10.9.0.54")
+    });
     netns::in_netns(&ns, || {
         let mut nft = NftKernel::default();
         nft.apply(&NftBackend::<NftKernel>::render(&before))
@@ -330,7 +338,9 @@ fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
 
         // Same endpoint count: a netlink element batch.
         let mut moved = before.clone();
-        moved.endpoints.get_mut(&name).unwrap()[1].ip = ip("10.77.0.1");
+        dataplane::model::edit_endpoints(moved.endpoints.get_mut(&name).unwrap(), |e| {
+            e[1].ip = ip("10.77.0.1")
+        });
         let r = be.sync(&moved, Scope::Services(&key)).expect("batch");
         assert!(
             r.stats.elements_added > 0 && r.stats.chains_written == 0,
@@ -340,11 +350,9 @@ fn our_commits_keep_the_kernel_proven_unchanged_and_anyone_elses_do_not() {
 
         // One endpoint more: the service's chain is rewritten too.
         let mut grown = moved.clone();
-        grown
-            .endpoints
-            .get_mut(&name)
-            .unwrap()
-            .push(Endpoint::ready(ip("10.77.0.2"), 8080));
+        dataplane::model::edit_endpoints(grown.endpoints.get_mut(&name).unwrap(), |e| {
+            e.push(Endpoint::ready(ip("10.77.0.2"), 8080))
+        });
         let r = be.sync(&grown, Scope::Services(&key)).expect("chain");
         assert!(r.stats.chains_written > 0, "{r:?}");
         assert!(be.kernel_unchanged(), "after a batch of several operations");

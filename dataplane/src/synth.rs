@@ -70,9 +70,11 @@ pub fn add_service(s: &mut Snapshot, i: usize, endpoints: usize) {
 pub fn replace_endpoint(s: &mut Snapshot, i: usize, j: usize, generation: u32) {
     let name = ServicePortName::new("bench", &format!("svc-{i}"), "http", Protocol::Tcp);
     if let Some(eps) = s.endpoints.get_mut(&name) {
-        if let Some(e) = eps.get_mut(j) {
-            e.ip = endpoint_ip(i, j, generation);
-        }
-        eps.sort();
+        crate::model::edit_endpoints(eps, |list| {
+            if let Some(e) = list.get_mut(j) {
+                e.ip = endpoint_ip(i, j, generation);
+            }
+            list.sort();
+        });
     }
 }

@@ -80,7 +80,7 @@ mod tests {
         let (p3, p4, p5) = (port(3), port(4), port(5));
         snap.endpoints.remove(&p3);
         let extra = crate::model::Endpoint::ready(synth::endpoint_ip(4, 9, 0), 8080);
-        snap.endpoints.get_mut(&p4).unwrap().push(extra);
+        crate::model::edit_endpoints(snap.endpoints.get_mut(&p4).unwrap(), |e| e.push(extra));
         snap.endpoints.remove(&p5);
         snap.services.retain(|(n, _), _| n.name != "svc-5");
         let changed: BTreeSet<ServiceKey> = [name(3), name(4), name(5)].into();

@@ -255,7 +255,8 @@ mod tests {
                         node_name: Some("other".into()),
                         ..Endpoint::ready(ip("10.0.0.3"), 8080)
                     },
-                ],
+                ]
+                .into(),
             );
         }
         s

@@ -7,7 +7,7 @@ use crate::convert::{self, Skip, SliceEndpoints, LABEL_SERVICE_NAME};
 use crate::manifests::Object;
 use crate::snapshot::{self, NodeAddressSource, Skipped};
 use dataplane::frontends::Claims;
-use dataplane::model::{Endpoint, IpFamily, ServicePort, ServicePortName, Snapshot};
+use dataplane::model::{Endpoints, IpFamily, ServicePort, ServicePortName, Snapshot};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -117,7 +117,7 @@ pub struct Change<T> {
 ///
 /// A vector sorted by port name: a service mostly has one port, and a `BTreeMap` of one
 /// entry is a node of eleven (heaptrack: 1.2 KiB a service, in every pending change).
-pub type ServiceEndpoints = Vec<(ServicePortName, Vec<Endpoint>)>;
+pub type ServiceEndpoints = Vec<(ServicePortName, Endpoints)>;
 
 /// Everything that changed since the last sync.
 #[derive(Debug, Default)]
@@ -619,14 +619,14 @@ impl Store {
 
     /// A service's endpoints merged over all its slices.
     fn merged(&self, service: &ObjectKey) -> ServiceEndpoints {
-        let mut out = BTreeMap::new();
-        for key in self.slices_by_service.get(service).into_iter().flatten() {
-            if let Some(e) = self.slices.get(key) {
-                convert::merge(&mut out, e.endpoints.clone());
-            }
-        }
-        convert::normalize(&mut out);
-        out.into_iter().filter(|(_, eps)| !eps.is_empty()).collect()
+        convert::merge(
+            self.slices_by_service
+                .get(service)
+                .into_iter()
+                .flatten()
+                .filter_map(|key| self.slices.get(key))
+                .map(|e| &e.endpoints),
+        )
     }
 
     fn refresh_node(&mut self) {

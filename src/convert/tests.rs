@@ -113,10 +113,11 @@ endpoints: [{ addresses: [10.0.0.1] }]
 "#,
     )
     .unwrap();
-    let mut all = BTreeMap::new();
-    merge(&mut all, endpoint_slice(&a, &mut Vec::new()).unwrap());
-    merge(&mut all, endpoint_slice(&b, &mut Vec::new()).unwrap());
-    normalize(&mut all);
+    let (a, b) = (
+        endpoint_slice(&a, &mut Vec::new()).unwrap(),
+        endpoint_slice(&b, &mut Vec::new()).unwrap(),
+    );
+    let all: BTreeMap<_, _> = merge([&a, &b]).into_iter().collect();
     let key = ServicePortName::new("ns", "s", "https", Protocol::Tcp);
     let eps = &all[&key];
     assert_eq!(eps.len(), 2, "duplicate endpoint counted once");

@@ -229,7 +229,11 @@ pub fn snapshot(services: &[Option<Generated>]) -> Snapshot {
         for p in ports {
             s.services.insert((p.name.clone(), p.family), p.clone());
         }
-        s.endpoints.extend(endpoints.clone());
+        s.endpoints.extend(
+            endpoints
+                .iter()
+                .map(|(name, eps)| (name.clone(), eps.as_slice().into())),
+        );
     }
     s
 }

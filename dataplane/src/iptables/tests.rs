@@ -144,7 +144,9 @@ fn local_policies_use_local_chains_and_short_circuit() {
     let svc = s.services.get_mut(&(name.clone(), IpFamily::V4)).unwrap();
     svc.external_traffic_policy = TrafficPolicy::Local;
     svc.internal_traffic_policy = TrafficPolicy::Local;
-    s.endpoints.get_mut(&name).unwrap()[1].node_name = Some("me".into());
+    crate::model::edit_endpoints(s.endpoints.get_mut(&name).unwrap(), |e| {
+        e[1].node_name = Some("me".into())
+    });
     let nat = nat(&s);
     assert!(nat[SERVICES][0].ends_with("-j KUBE-SVL-XPGD46QRK7WJZT7O"));
     let svl = &nat["KUBE-SVL-XPGD46QRK7WJZT7O"];
@@ -167,7 +169,9 @@ fn local_policies_use_local_chains_and_short_circuit() {
     assert_eq!(ext[3], "-j KUBE-SVL-XPGD46QRK7WJZT7O");
 
     // No local endpoint: clusterIP and external traffic dropped in filter.
-    s.endpoints.get_mut(&name).unwrap()[1].node_name = Some("other".into());
+    crate::model::edit_endpoints(s.endpoints.get_mut(&name).unwrap(), |e| {
+        e[1].node_name = Some("other".into())
+    });
     let r = render(&s);
     let v4 = r.report.no_local_endpoints.of(IpFamily::V4);
     assert_eq!((v4.internal, v4.external), (1, 1));
@@ -1129,7 +1133,9 @@ fn a_partial_sync_reports_the_endpoint_count_kept_service_by_service() {
         .find(|n| n.name == "svc-8")
         .cloned()
         .unwrap();
-    s.endpoints.get_mut(&eight).unwrap().pop();
+    crate::model::edit_endpoints(s.endpoints.get_mut(&eight).unwrap(), |e| {
+        e.pop();
+    });
     let changed = BTreeSet::from([
         ("bench".to_string(), "svc-7".to_string()),
         ("bench".to_string(), "svc-8".to_string()),

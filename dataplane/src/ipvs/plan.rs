@@ -527,7 +527,7 @@ mod tests {
         let mut local = Endpoint::ready(ip("10.0.0.5"), 8080);
         local.node_name = Some("n1".into());
         let remote = Endpoint::ready(ip("10.1.0.5"), 8080);
-        s.endpoints.insert(name, vec![local, remote]);
+        s.endpoints.insert(name, vec![local, remote].into());
         s
     }
 
@@ -667,7 +667,9 @@ mod tests {
         assert!(d.bound_added.is_empty() && d.bound_removed.is_empty());
 
         // An endpoint becomes local: its loopback member appears, nothing else.
-        s.endpoints.get_mut(&name(8)).unwrap()[0].node_name = Some("node-1".into());
+        crate::model::edit_endpoints(s.endpoints.get_mut(&name(8)).unwrap(), |e| {
+            e[0].node_name = Some("node-1".into())
+        });
         let d = p.update(&s, &key("svc-8"), &nodes, "rr").unwrap();
         assert_eq!(p, plan(&s, &nodes, "rr"));
         assert_eq!(d.members_added.len(), 1, "{d:?}");
@@ -703,7 +705,7 @@ mod tests {
         let svc = ServicePort::cluster(fresh.clone(), ip("172.31.9.9"), 80);
         s.services.insert((fresh.clone(), IpFamily::V4), svc);
         s.endpoints
-            .insert(fresh, vec![Endpoint::ready(ip("10.9.9.9"), 80)]);
+            .insert(fresh, vec![Endpoint::ready(ip("10.9.9.9"), 80)].into());
         let d = p.update(&s, &key("svc-new"), &nodes, "rr").unwrap();
         assert_eq!(p, plan(&s, &nodes, "rr"));
         assert_eq!(d.bound_added, vec![ip("172.31.9.9")]);
@@ -746,10 +748,9 @@ mod tests {
         assert_eq!(p.no_local_endpoints.total(), NoLocalEndpoints::default());
         // The local endpoint goes: the Local front ends are stranded, the ClusterIP is not.
         let name = k.0.clone();
-        s.endpoints
-            .get_mut(&name)
-            .unwrap()
-            .retain(|e| e.node_name.is_none());
+        crate::model::edit_endpoints(s.endpoints.get_mut(&name).unwrap(), |eps| {
+            eps.retain(|e| e.node_name.is_none())
+        });
         let changed: BTreeSet<(String, String)> = [("ns".to_string(), "web".to_string())].into();
         assert!(p.update(&s, &changed, &nodes, "rr").is_some());
         assert_eq!(p, plan(&s, &nodes, "rr"));

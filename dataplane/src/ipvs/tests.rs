@@ -75,7 +75,7 @@ fn one_endpoint_change_is_one_netlink_request() {
     let mut ep = Endpoint::ready(synth::endpoint_ip(7, 50, 0), 8080);
     ep.node_name = None;
     let name = crate::model::ServicePortName::new("bench", "svc-7", "http", Protocol::Tcp);
-    snap.endpoints.get_mut(&name).unwrap().push(ep);
+    crate::model::edit_endpoints(snap.endpoints.get_mut(&name).unwrap(), |e| e.push(ep));
     b.sync(&snap, Scope::Services(&changed(7))).unwrap();
     assert_eq!((b.last.operations, b.last.requests), (1, 1));
 }
@@ -97,11 +97,9 @@ fn removed_tcp_server_with_connections_drains_then_goes() {
         .find(|d| d.addr == gone)
         .unwrap()
         .active_conns = 2;
-    snap.endpoints
-        .values_mut()
-        .nth(1)
-        .unwrap()
-        .retain(|e| e.ip != gone);
+    crate::model::edit_endpoints(snap.endpoints.values_mut().nth(1).unwrap(), |eps| {
+        eps.retain(|e| e.ip != gone)
+    });
     let report = b.sync(&snap, Scope::Services(&changed(1))).unwrap();
     assert_eq!(report.endpoints, 3, "the count kept service by service");
     assert_eq!(
@@ -150,11 +148,9 @@ fn drained_servers_outside_the_change_wait_for_the_recheck() {
     {
         d.active_conns = 1;
     }
-    snap.endpoints
-        .values_mut()
-        .nth(1)
-        .unwrap()
-        .retain(|e| e.ip != gone);
+    crate::model::edit_endpoints(snap.endpoints.values_mut().nth(1).unwrap(), |eps| {
+        eps.retain(|e| e.ip != gone)
+    });
     b.sync(&snap, Scope::Services(&changed(1))).unwrap();
     assert_eq!(b.draining(), 1);
     b.drain_recheck = std::time::Duration::from_secs(3600);

@@ -145,10 +145,9 @@ fn diff_applied_to_old_gives_new() {
     let a = big(20, 3);
     let mut b = a.clone();
     let first = b.endpoints.keys().next().unwrap().clone();
-    b.endpoints
-        .get_mut(&first)
-        .unwrap()
-        .push(Endpoint::ready(ip("10.9.9.9"), 8080));
+    crate::model::edit_endpoints(b.endpoints.get_mut(&first).unwrap(), |e| {
+        e.push(Endpoint::ready(ip("10.9.9.9"), 8080))
+    });
     let (ra, _) = plan::desired(&a, &Ruleset::default());
     let (rb, _) = plan::desired(&b, &ra);
     let tx = diff(&ra, &rb, false);
@@ -171,8 +170,9 @@ fn one_endpoint_change_touches_few_elements_at_any_scale() {
         let a = big(n, 10);
         let mut b = a.clone();
         let key = b.endpoints.keys().nth(n / 2).unwrap().clone();
-        let list = b.endpoints.get_mut(&key).unwrap();
-        list.remove(3);
+        crate::model::edit_endpoints(b.endpoints.get_mut(&key).unwrap(), |list| {
+            list.remove(3);
+        });
         let (ra, _) = plan::desired(&a, &Ruleset::default());
         let (rb, _) = plan::desired(&b, &ra);
         let tx = diff(&ra, &rb, false);
@@ -194,11 +194,9 @@ fn failed_apply_keeps_kernel_state_and_next_sync_rereads() {
     be.sync(&s, Scope::AllServices).unwrap();
     let before = be.executor().state.clone();
     let mut s2 = s.clone();
-    s2.endpoints
-        .values_mut()
-        .next()
-        .unwrap()
-        .push(Endpoint::ready(ip("10.0.0.2"), 8080));
+    crate::model::edit_endpoints(s2.endpoints.values_mut().next().unwrap(), |e| {
+        e.push(Endpoint::ready(ip("10.0.0.2"), 8080))
+    });
     be.exec.fail_next = true;
     assert!(be.sync(&s2, Scope::AllServices).is_err());
     assert_eq!(
@@ -401,7 +399,8 @@ fn switching_affinity_off_forgets_the_remembered_clients() {
             vec![
                 Endpoint::ready(ip("10.0.0.1"), 8080),
                 Endpoint::ready(ip("10.0.0.2"), 8080),
-            ],
+            ]
+            .into(),
         );
         s.services
             .insert((svc.name.clone(), svc.family), svc.clone());

@@ -129,7 +129,7 @@ fn build(specs: &[Option<Spec>]) -> Snapshot {
                 })
                 .collect();
             eps.sort();
-            s.endpoints.insert(name, eps);
+            s.endpoints.insert(name, eps.into());
         }
     }
     s
@@ -273,10 +273,11 @@ fn backend_syncs_only_the_changed_service_and_matches_a_whole_sync() {
     partial.sync(&s, Scope::AllServices).unwrap();
     whole.sync(&s, Scope::AllServices).unwrap();
     let name = ServicePortName::new("ns", "s7", "p80", Protocol::Tcp);
-    let eps = s.endpoints.get_mut(&name).unwrap();
-    eps.retain(|e| e.ip != ip("10.0.0.3"));
-    eps.push(Endpoint::ready(ip("10.0.0.42"), 8080));
-    eps.sort();
+    crate::model::edit_endpoints(s.endpoints.get_mut(&name).unwrap(), |eps| {
+        eps.retain(|e| e.ip != ip("10.0.0.3"));
+        eps.push(Endpoint::ready(ip("10.0.0.42"), 8080));
+        eps.sort();
+    });
     let changed = BTreeSet::from([("ns".to_string(), "s7".to_string())]);
     let r = partial.sync(&s, Scope::Services(&changed)).unwrap();
     assert!(!r.full);

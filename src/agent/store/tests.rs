@@ -49,7 +49,7 @@ fn endpoint_ips(st: &Store) -> Vec<String> {
     st.snapshot()
         .endpoints
         .values()
-        .flatten()
+        .flat_map(|e| e.iter())
         .map(|e| e.ip.to_string())
         .collect()
 }
@@ -108,8 +108,11 @@ fn slices_of_one_service_merge_and_changes_keep_first_previous() {
     let changes = st.take_changes();
     let (key, change) = &changes.endpoints[0];
     assert_eq!(key, &("ns".to_string(), "web".to_string()));
-    assert_eq!(change.previous.iter().flat_map(|(_, e)| e).count(), 1);
-    assert_eq!(change.current.iter().flat_map(|(_, e)| e).count(), 3);
+    assert_eq!(
+        change.previous.iter().flat_map(|(_, e)| e.iter()).count(),
+        1
+    );
+    assert_eq!(change.current.iter().flat_map(|(_, e)| e.iter()).count(), 3);
     assert_eq!(change.first_event, t1);
 }
 
