@@ -265,9 +265,15 @@ impl Store {
     /// Take every pending change; the caller is about to program the current snapshot.
     pub fn take_changes(&mut self) -> Changes {
         let node = std::mem::take(&mut self.node_changed);
+        // Taken whole, not drained: a drained map keeps its table, which after the initial
+        // lists holds a slot for every service (4.5 MB at 10k services, heaptrack).
         Changes {
-            services: self.service_changes.drain().collect(),
-            endpoints: self.endpoint_changes.drain().collect(),
+            services: std::mem::take(&mut self.service_changes)
+                .into_iter()
+                .collect(),
+            endpoints: std::mem::take(&mut self.endpoint_changes)
+                .into_iter()
+                .collect(),
             node,
         }
     }
