@@ -1,6 +1,7 @@
 //! Conversion from Kubernetes API objects to the dataplane model, skipping (with a reason that
 //! names the object and the field) whatever kube-proxy would not or could not program.
 
+use dataplane::interned;
 use dataplane::model::{
     Endpoint, Endpoints, IpFamily, Protocol, Seniority, ServicePort, ServicePortName,
     SessionAffinity, TrafficDistribution, TrafficPolicy,
@@ -637,8 +638,6 @@ pub fn normalize(eps: &mut Vec<Endpoint>) {
     });
     eps.dedup_by(|later, first| later.ip == first.ip && later.port == first.port);
 }
-
-mod interned;
 
 #[cfg(test)]
 mod tests;

@@ -284,7 +284,7 @@ fn guest_backend_changes() {
         let gone = snap
             .services
             .keys()
-            .find(|(name, _)| name.name == "svc-9")
+            .find(|(name, _)| &*name.name == "svc-9")
             .cloned()
             .unwrap();
         snap.services.remove(&gone);

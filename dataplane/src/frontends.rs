@@ -269,9 +269,17 @@ mod tests {
             lost[0].contains("aaa/evil:http/tcp") && lost[0].contains("kube-system/dns:http/tcp"),
             "{lost:?}"
         );
-        let evil = s.services.values().find(|p| p.name.name == "evil").unwrap();
+        let evil = s
+            .services
+            .values()
+            .find(|p| &*p.name.name == "evil")
+            .unwrap();
         assert!(evil.external_ips.is_empty());
-        let dns = s.services.values().find(|p| p.name.name == "dns").unwrap();
+        let dns = s
+            .services
+            .values()
+            .find(|p| &*p.name.name == "dns")
+            .unwrap();
         assert_eq!(dns.cluster_ip.to_string(), "10.96.0.10");
     }
 
@@ -286,9 +294,13 @@ mod tests {
         let young = s
             .services
             .values()
-            .find(|p| p.name.name == "young")
+            .find(|p| &*p.name.name == "young")
             .unwrap();
-        let old = s.services.values().find(|p| p.name.name == "old").unwrap();
+        let old = s
+            .services
+            .values()
+            .find(|p| &*p.name.name == "old")
+            .unwrap();
         assert!(young.external_ips.is_empty());
         assert_eq!(old.external_ips.len(), 1);
         // Two ClusterIPs: the younger port goes.
@@ -298,7 +310,7 @@ mod tests {
         ]);
         assert_eq!(resolve_snapshot(&mut s).len(), 1);
         assert_eq!(s.services.len(), 1);
-        assert_eq!(s.services.values().next().unwrap().name.name, "old");
+        assert_eq!(&*s.services.values().next().unwrap().name.name, "old");
     }
 
     #[test]

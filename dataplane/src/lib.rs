@@ -8,6 +8,7 @@ pub mod backend;
 pub mod conntrack;
 pub mod fault;
 pub mod frontends;
+pub mod interned;
 pub mod iptables;
 pub mod ipvs;
 pub mod model;

@@ -1,5 +1,6 @@
 //! The service model: what the kernel must implement, independent of any API types.
 
+use crate::interned;
 use ipnetwork::IpNetwork;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -66,20 +67,32 @@ impl fmt::Display for IpFamily {
 /// The key of everything: namespace/name:port-name/protocol, as kube-proxy's ServicePortName.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ServicePortName {
-    pub namespace: String,
-    pub name: String,
-    pub port: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    pub port: Arc<str>,
     pub protocol: Protocol,
 }
 
 impl ServicePortName {
+    /// Names are interned ([`crate::interned`]): each of the many copies a name has costs no
+    /// allocation, and a service's slices share its service's strings.
     pub fn new(namespace: &str, name: &str, port: &str, protocol: Protocol) -> Self {
         ServicePortName {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-            port: port.to_string(),
+            namespace: interned::intern(namespace),
+            name: interned::intern(name),
+            port: interned::intern(port),
             protocol,
         }
+    }
+
+    /// The (namespace, name) of its service, as backends are told which services changed.
+    pub fn service_key(&self) -> (String, String) {
+        (self.namespace.to_string(), self.name.to_string())
+    }
+
+    /// Whether this is a port of service `namespace/name`.
+    pub fn is_of(&self, namespace: &str, name: &str) -> bool {
+        &*self.namespace == namespace && &*self.name == name
     }
 }
 
@@ -357,7 +370,7 @@ impl Snapshot {
         let start = ServicePortName::new(namespace, name, "", Protocol::Tcp);
         self.services
             .range((start, IpFamily::V4)..)
-            .take_while(move |((n, _), _)| n.namespace == namespace && n.name == name)
+            .take_while(move |((n, _), _)| n.is_of(namespace, name))
             .map(|(_, svc)| svc)
     }
 
@@ -379,7 +392,7 @@ impl Snapshot {
         let start = ServicePortName::new(namespace, name, "", Protocol::Tcp);
         self.endpoints
             .range(start..)
-            .take_while(|(n, _)| n.namespace == namespace && n.name == name)
+            .take_while(|(n, _)| n.is_of(namespace, name))
             .map(|(_, e)| e.len())
             .sum()
     }

@@ -18,9 +18,7 @@ impl EndpointTally {
     pub fn of(snapshot: &Snapshot) -> EndpointTally {
         let mut t = EndpointTally::default();
         for (name, eps) in &snapshot.endpoints {
-            *t.per_service
-                .entry((name.namespace.clone(), name.name.clone()))
-                .or_default() += eps.len();
+            *t.per_service.entry(name.service_key()).or_default() += eps.len();
             t.total += eps.len();
         }
         t
@@ -73,7 +71,7 @@ mod tests {
         let port = |i: usize| {
             snap.endpoints
                 .keys()
-                .find(|n| n.name == format!("svc-{i}"))
+                .find(|n| *n.name == *format!("svc-{i}"))
                 .cloned()
                 .unwrap()
         };
@@ -82,7 +80,7 @@ mod tests {
         let extra = crate::model::Endpoint::ready(synth::endpoint_ip(4, 9, 0), 8080);
         crate::model::edit_endpoints(snap.endpoints.get_mut(&p4).unwrap(), |e| e.push(extra));
         snap.endpoints.remove(&p5);
-        snap.services.retain(|(n, _), _| n.name != "svc-5");
+        snap.services.retain(|(n, _), _| &*n.name != "svc-5");
         let changed: BTreeSet<ServiceKey> = [name(3), name(4), name(5)].into();
         let got = after_sync(&mut kept, &snap, &Scope::Services(&changed));
         assert_eq!(got, snap.endpoint_count());

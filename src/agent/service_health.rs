@@ -41,7 +41,7 @@ pub fn desired(snapshot: &Snapshot) -> BTreeMap<u16, Entry> {
             .filter(|e| e.ready && e.is_local(node) && IpFamily::of(&e.ip) == *family)
             .map(|e| e.ip);
         match out.get_mut(&port) {
-            Some((e, f, ips)) if e.namespace == name.namespace && e.name == name.name => {
+            Some((e, f, ips)) if name.is_of(&e.namespace, &e.name) => {
                 if *f == *family {
                     ips.extend(local);
                 }
@@ -55,8 +55,8 @@ pub fn desired(snapshot: &Snapshot) -> BTreeMap<u16, Entry> {
             ),
             None => {
                 let entry = Entry {
-                    namespace: name.namespace.clone(),
-                    name: name.name.clone(),
+                    namespace: name.namespace.to_string(),
+                    name: name.name.to_string(),
                     local_endpoints: 0,
                 };
                 out.insert(port, (entry, *family, local.collect()));

@@ -11,6 +11,7 @@ use dataplane::model::{Endpoints, IpFamily, ServicePort, ServicePortName, Snapsh
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 /// The annotation an EndpointSlice controller sets to when the change that produced it
@@ -181,7 +182,7 @@ pub struct Store {
     /// holds the ports as [`dataplane::frontends`] decides them.
     claims: Claims,
     /// The store key of each service's ports, by the (namespace, name) they carry.
-    owners: HashMap<(String, String), ObjectKey>,
+    owners: HashMap<(Arc<str>, Arc<str>), ObjectKey>,
     /// Lost front-end claims, per service: the messages last warned.
     lost: HashMap<ObjectKey, Vec<String>>,
 }
@@ -505,7 +506,7 @@ impl Store {
             .iter()
             .filter_map(|p| self.claims.resolve(p, &mut lost))
             .collect();
-        let mut names: BTreeSet<(String, String)> = raw
+        let mut names: BTreeSet<(Arc<str>, Arc<str>)> = raw
             .iter()
             .chain(old)
             .map(|p| (p.name.namespace.clone(), p.name.name.clone()))

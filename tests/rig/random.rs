@@ -239,8 +239,7 @@ pub fn snapshot(services: &[Option<Generated>]) -> Snapshot {
 }
 
 pub fn key_of(g: &Generated) -> ServiceKey {
-    let n = &g.0[0].name;
-    (n.namespace.clone(), n.name.clone())
+    g.0[0].name.service_key()
 }
 
 /// A random walk: the first cluster, then each edit's cluster and the services it changed.

@@ -479,7 +479,7 @@ fn rerendering_changed_services_equals_rendering_everything() {
     let gone = s
         .services
         .keys()
-        .find(|(n, _)| n.name == "svc-9")
+        .find(|(n, _)| &*n.name == "svc-9")
         .cloned()
         .unwrap();
     s.services.remove(&gone);
@@ -915,7 +915,7 @@ fn an_endpoint_change_reuses_the_fixed_chains_and_a_front_end_change_assembles_t
     let key = s
         .services
         .keys()
-        .find(|(n, _)| n.name == "svc-7")
+        .find(|(n, _)| &*n.name == "svc-7")
         .cloned()
         .unwrap();
     s.services.get_mut(&key).unwrap().cluster_ip = ip("172.31.0.7");
@@ -1130,7 +1130,7 @@ fn a_partial_sync_reports_the_endpoint_count_kept_service_by_service() {
     let eight = s
         .endpoints
         .keys()
-        .find(|n| n.name == "svc-8")
+        .find(|n| &*n.name == "svc-8")
         .cloned()
         .unwrap();
     crate::model::edit_endpoints(s.endpoints.get_mut(&eight).unwrap(), |e| {

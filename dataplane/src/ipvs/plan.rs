@@ -325,7 +325,7 @@ fn ports_of<'a, V>(
         IpFamily::V4,
     );
     map.range(start..)
-        .take_while(move |((n, _), _)| n.namespace == ns && n.name == name)
+        .take_while(move |((n, _), _)| n.is_of(ns, name))
 }
 
 /// What one service port asks for (pure; no other port is looked at).
@@ -350,7 +350,7 @@ fn port_wants(
         timeout,
     };
     let owner = format!("{name} ({family})");
-    let service = (name.namespace.clone(), name.name.clone());
+    let service = name.service_key();
     let proto = name.protocol;
     let f = *family;
     let local_policy = svc.external_traffic_policy == TrafficPolicy::Local;
@@ -679,7 +679,7 @@ mod tests {
         let k = s
             .services
             .keys()
-            .find(|(n, _)| n.name == "svc-3")
+            .find(|(n, _)| &*n.name == "svc-3")
             .cloned()
             .unwrap();
         s.services.get_mut(&k).unwrap().external_traffic_policy = TrafficPolicy::Local;
@@ -689,7 +689,7 @@ mod tests {
         let k0 = s
             .services
             .keys()
-            .find(|(n, _)| n.name == "svc-0")
+            .find(|(n, _)| &*n.name == "svc-0")
             .cloned()
             .unwrap();
         s.services.remove(&k0);
@@ -722,7 +722,7 @@ mod tests {
         let k = s
             .services
             .keys()
-            .find(|(n, _)| n.name == "svc-2")
+            .find(|(n, _)| &*n.name == "svc-2")
             .cloned()
             .unwrap();
         s.services.get_mut(&k).unwrap().cluster_ip = crate::synth::cluster_ip(1);

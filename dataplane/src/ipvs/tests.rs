@@ -221,7 +221,7 @@ fn services_going_away_take_their_addresses_and_cleanup_takes_the_rest() {
     let key = snap.services.keys().next().unwrap().clone();
     snap.services.remove(&key);
     snap.endpoints.remove(&key.0);
-    let svc = (key.0.namespace.clone(), key.0.name.clone());
+    let svc = key.0.service_key();
     b.sync(&snap, Scope::Services(&[svc].into())).unwrap();
     assert_eq!(b.kernel().services.len(), 2);
     assert_eq!(b.kernel().addresses.bound.len(), 2);

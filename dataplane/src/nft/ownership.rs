@@ -88,7 +88,7 @@ impl FamilyIndex {
         self.records
             .range(service_start(namespace, name)..)
             .map(|(k, _)| k)
-            .take_while(|k| k.namespace == namespace && k.name == name)
+            .take_while(|k| k.is_of(namespace, name))
             .cloned()
             .collect()
     }

@@ -602,7 +602,7 @@ fn snapshot_ports<'s>(
     snapshot
         .services
         .range((ownership::service_start(namespace, name), IpFamily::V4)..)
-        .take_while(move |((n, _), _)| n.namespace == namespace && n.name == name)
+        .take_while(move |((n, _), _)| n.is_of(namespace, name))
         .filter(move |((_, f), _)| *f == family)
         .map(|(_, svc)| svc)
 }

@@ -137,7 +137,7 @@ fn replace_removes_what_the_new_list_lacks() {
         .snapshot()
         .services
         .keys()
-        .map(|(n, _)| n.name.as_str())
+        .map(|(n, _)| &*n.name)
         .collect();
     assert_eq!(names, ["db"]);
     assert!(endpoint_ips(&st).is_empty());
@@ -272,7 +272,7 @@ fn store_a_cluster_ip_beats_an_external_ip_in_any_event_order() {
         st.snapshot()
             .services
             .values()
-            .find(|p| p.name.name == "evil")
+            .find(|p| &*p.name.name == "evil")
             .unwrap()
             .external_ips
             .clone()

@@ -562,7 +562,7 @@ pub(crate) fn ports_of<'a>(
         let start = ServicePortName::new(ns, name, "", Protocol::Tcp);
         ports
             .range(start..)
-            .take_while(move |(n, _)| n.namespace == *ns && n.name == *name)
+            .take_while(move |(n, _)| n.is_of(ns, name))
             .map(|(n, _)| n)
     })
 }
@@ -668,7 +668,7 @@ pub fn rerender(
                     let start = ServicePortName::new(ns, name, "", Protocol::Tcp);
                     let theirs: Vec<ServicePortName> = kept
                         .range(start..)
-                        .take_while(|(n, _)| n.namespace == *ns && n.name == *name)
+                        .take_while(|(n, _)| n.is_of(ns, name))
                         .map(|(n, _)| n.clone())
                         .collect();
                     for n in theirs {
@@ -684,7 +684,7 @@ pub fn rerender(
                         IpFamily::V4,
                     );
                     for ((spn, fam), svc) in snapshot.services.range(start..) {
-                        if spn.namespace != *ns || spn.name != *name {
+                        if !spn.is_of(ns, name) {
                             break;
                         }
                         if *fam == family {

@@ -1,5 +1,6 @@
-//! Node and zone names shared: every endpoint on a node names it, so 100k endpoints over 50
-//! nodes hold 50 strings, not 100k (twice: per slice and merged per service).
+//! Names shared: every endpoint on a node names it, so 100k endpoints over 50 nodes hold 50
+//! node names, not 100k; every copy of a service port's name (in the snapshot, the store,
+//! the changes, the nftables ownership index) shares one namespace, name and port name.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
