@@ -4,9 +4,10 @@
 //! that changed something the remembered entries are read back and the stale ones deleted.
 
 use super::diff::{Op, Transaction};
+use super::elements::Elements;
 use super::skeleton::{BACKEND_MAPS, MAP_AFFINITY_FRONTENDS};
 use super::tables::Table;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 /// Whether `tx` takes out something a remembered client may depend on (a re-pointed slot
 /// is a delete and an add).
@@ -22,7 +23,7 @@ pub fn may_strand(tx: &Transaction) -> bool {
 
 /// The keys of `remembered` (`client . address . proto . port : endpoint . port`) that
 /// `desired` no longer backs.
-pub fn stale(desired: &Table, remembered: &BTreeMap<String, Option<String>>) -> Vec<String> {
+pub fn stale(desired: &Table, remembered: &Elements) -> Vec<String> {
     let mut valid: HashMap<&str, HashSet<&str>> = HashMap::new();
     for map in BACKEND_MAPS {
         let Some(set) = desired.sets.get(map) else {
@@ -31,7 +32,7 @@ pub fn stale(desired: &Table, remembered: &BTreeMap<String, Option<String>>) -> 
         for (key, value) in &set.elements {
             // `front end . slot`: the front end is everything before the slot.
             if let (Some((fe, _)), Some(v)) = (key.rsplit_once(" . "), value) {
-                valid.entry(fe).or_default().insert(v.as_str());
+                valid.entry(fe).or_default().insert(v);
             }
         }
     }
@@ -45,11 +46,8 @@ pub fn stale(desired: &Table, remembered: &BTreeMap<String, Option<String>>) -> 
             if !remembering.is_some_and(|s| s.elements.contains_key(fe)) {
                 return true;
             }
-            let backs = |k: &str| {
-                value
-                    .as_deref()
-                    .is_some_and(|v| valid.get(k).is_some_and(|s| s.contains(v)))
-            };
+            let backs =
+                |k: &str| value.is_some_and(|v| valid.get(k).is_some_and(|s| s.contains(v)));
             match valid.contains_key(fe) {
                 true => !backs(fe),
                 // Not an address front end: a node port, whose slots are keyed by protocol
@@ -57,7 +55,7 @@ pub fn stale(desired: &Table, remembered: &BTreeMap<String, Option<String>>) -> 
                 false => !fe.split_once(" . ").is_some_and(|(_, np)| backs(np)),
             }
         })
-        .map(|(k, _)| k.clone())
+        .map(|(k, _)| k.to_string())
         .collect()
 }
 
@@ -95,7 +93,7 @@ mod tests {
                 ("192.168.0.2 . tcp . 30080", "goto affinity-60"),
             ]),
         );
-        let remembered: BTreeMap<String, Option<String>> = [
+        let remembered: Elements = [
             ("10.1.0.1 . 172.30.0.1 . tcp . 80", "10.0.0.1 . 8080"),
             ("10.1.0.2 . 172.30.0.1 . tcp . 80", "10.0.0.9 . 8080"),
             ("10.1.0.3 . 192.168.0.2 . tcp . 30080", "10.0.0.1 . 8080"),

@@ -193,7 +193,7 @@ fn write_elements(
     }
 }
 
-fn element_text(key: &str, value: &Option<String>) -> String {
+fn element_text(key: &str, value: Option<&str>) -> String {
     match value {
         Some(v) => format!("{key} : {v}"),
         None => key.to_string(),
@@ -263,7 +263,7 @@ fn write_op(out: &mut String, op: &Op) {
             "add",
             *family,
             set,
-            elements.iter().map(|(k, v)| element_text(k, v)),
+            elements.iter().map(|(k, v)| element_text(k, v.as_deref())),
         ),
         Op::DeleteElements { family, set, keys } => {
             write_elements(out, "delete", *family, set, keys.iter().cloned())
@@ -341,7 +341,7 @@ fn create_table(tx: &mut Transaction, family: IpFamily, new: &Table) {
                 elements: set
                     .elements
                     .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
                     .collect(),
             });
         }
@@ -415,8 +415,8 @@ fn update_table(tx: &mut Transaction, family: IpFamily, old: &Table, new: &Table
         let deleted: Vec<String> = o
             .elements
             .iter()
-            .filter(|(k, v)| set.elements.get(*k) != Some(*v))
-            .map(|(k, _)| k.clone())
+            .filter(|(k, v)| set.elements.get(k) != Some(*v))
+            .map(|(k, _)| k.to_string())
             .collect();
         if !deleted.is_empty() {
             tx.ops.push(Op::DeleteElements {
@@ -428,8 +428,8 @@ fn update_table(tx: &mut Transaction, family: IpFamily, old: &Table, new: &Table
         let added: Vec<(String, Option<String>)> = set
             .elements
             .iter()
-            .filter(|(k, v)| o.elements.get(*k) != Some(*v))
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .filter(|(k, v)| o.elements.get(k) != Some(*v))
+            .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
             .collect();
         if !added.is_empty() {
             adds.push(Op::AddElements {
@@ -504,14 +504,17 @@ pub fn patch(new: &Ruleset, touched: &[(IpFamily, Touched)]) -> Transaction {
         let mut added: BTreeMap<&str, Vec<(String, Option<String>)>> = BTreeMap::new();
         for ((set, key), old) in &t.elements {
             let now = table.sets.get(*set).and_then(|s| s.elements.get(key));
-            if old.as_ref() == now {
+            if old.as_ref().map(Option::as_deref) == now {
                 continue;
             }
             if old.is_some() {
                 deleted.entry(set).or_default().push(key.clone());
             }
             if let Some(v) = now {
-                added.entry(set).or_default().push((key.clone(), v.clone()));
+                added
+                    .entry(set)
+                    .or_default()
+                    .push((key.clone(), v.map(str::to_string)));
             }
         }
         for (set, keys) in deleted {
@@ -652,11 +655,11 @@ fn apply_op(rs: &mut Ruleset, op: &Op) -> Result<(), ApplyError> {
                     }
                 }
                 match s.elements.get(k) {
-                    Some(existing) if existing != v => {
+                    Some(existing) if existing != v.as_deref() => {
                         return Err(ApplyError(format!("add element {set} {k}: File exists")))
                     }
                     _ => {
-                        s.elements.insert(k.clone(), v.clone());
+                        s.elements.insert(k, v.as_deref());
                     }
                 }
             }

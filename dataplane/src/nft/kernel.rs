@@ -2,6 +2,7 @@
 //! twin.
 
 use super::diff::{apply, Op, Transaction};
+use super::elements::Elements;
 use super::listing::{parse_table, ListingError};
 use super::netlink::Reader;
 use super::skeleton::MAP_AFFINITY;
@@ -115,11 +116,8 @@ pub trait NftExecutor {
         None
     }
     /// What the packet path remembered for sessionAffinity in `family`.
-    fn remembered(
-        &mut self,
-        _family: IpFamily,
-    ) -> Result<BTreeMap<String, Option<String>>, NftError> {
-        Ok(BTreeMap::new())
+    fn remembered(&mut self, _family: IpFamily) -> Result<Elements, NftError> {
+        Ok(Elements::default())
     }
     /// Forget remembered clients; one already expired is no error.
     fn forget(&mut self, _family: IpFamily, _keys: &[String]) -> Result<(), NftError> {
@@ -295,10 +293,7 @@ impl NftExecutor for NftKernel {
         }))
     }
 
-    fn remembered(
-        &mut self,
-        family: IpFamily,
-    ) -> Result<BTreeMap<String, Option<String>>, NftError> {
+    fn remembered(&mut self, family: IpFamily) -> Result<Elements, NftError> {
         Ok(Reader::open()?.elements(family, MAP_AFFINITY, false)?)
     }
 
@@ -351,7 +346,7 @@ pub struct FakeNft {
     /// Refuse every transaction that touches this family (a family the kernel lacks).
     pub fail_family: Option<IpFamily>,
     /// The affinity map's entries, as the packet path would have filled them.
-    pub remembered: BTreeMap<IpFamily, BTreeMap<String, Option<String>>>,
+    pub remembered: BTreeMap<IpFamily, Elements>,
 }
 
 impl FakeNft {
@@ -390,10 +385,7 @@ impl NftExecutor for FakeNft {
         Some(Box::new(move || Ok((state, Some(generation)))))
     }
 
-    fn remembered(
-        &mut self,
-        family: IpFamily,
-    ) -> Result<BTreeMap<String, Option<String>>, NftError> {
+    fn remembered(&mut self, family: IpFamily) -> Result<Elements, NftError> {
         Ok(self.remembered.get(&family).cloned().unwrap_or_default())
     }
 

@@ -107,10 +107,11 @@ pub fn parse_table(json: &str) -> Result<Table, ListingError> {
             {
                 match e.as_array() {
                     Some(pair) if pair.len() == 2 => {
-                        set.elements.insert(atom(&pair[0])?, Some(atom(&pair[1])?));
+                        set.elements
+                            .insert(&atom(&pair[0])?, Some(&atom(&pair[1])?));
                     }
                     _ => {
-                        set.elements.insert(atom(e)?, None);
+                        set.elements.insert(&atom(e)?, None);
                     }
                 }
             }
@@ -167,13 +168,13 @@ mod tests {
         assert_eq!(b.fingerprint, "sy:1");
         assert_eq!(
             b.elements.get("172.30.0.41 . tcp . 80 . 0"),
-            Some(&Some("10.180.0.1 . 80".to_string()))
+            Some(Some("10.180.0.1 . 80"))
         );
         assert_eq!(
             t.sets["service-ips"].elements.get("172.30.0.41 . tcp . 80"),
-            Some(&Some("goto cluster-2".to_string()))
+            Some(Some("goto cluster-2"))
         );
-        let cidrs: Vec<&String> = t.sets["service-cidrs"].elements.keys().collect();
+        let cidrs: Vec<&str> = t.sets["service-cidrs"].elements.keys().collect();
         assert_eq!(cidrs, ["172.30.0.0/16", "192.168.0.2"]);
         assert_eq!(t.chains["cluster-2"].rules.len(), 2);
         assert_eq!(t.chains["cluster-2"].fingerprint, "sy:abc");

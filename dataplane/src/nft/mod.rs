@@ -5,6 +5,7 @@
 pub mod affinity;
 pub mod commits;
 pub mod diff;
+pub mod elements;
 pub mod kernel;
 pub mod listing;
 pub mod netlink;

@@ -8,11 +8,11 @@
 //! as [`super::listing`] (checked against it on a real kernel in `tests/kernel_listing.rs`).
 //! Writes go as netlink batches too ([`super::wire`]).
 
+use super::elements::Elements;
 use super::skeleton::*;
 use super::tables::{family_name, Chain, Set, Table, TABLE};
 use crate::model::IpFamily;
 use crate::netlink::*;
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 // libnftnl's user-data TLV types, where nft keeps comments.
@@ -176,7 +176,7 @@ impl Reader {
         family: IpFamily,
         name: &str,
         interval: bool,
-    ) -> Result<BTreeMap<String, Option<String>>, NetlinkError> {
+    ) -> Result<Elements, NetlinkError> {
         let fam = nfproto(family);
         let mut q = Vec::new();
         push_attr(&mut q, NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE));
@@ -191,7 +191,7 @@ impl Reader {
         let mut raw: Vec<(Vec<u8>, Option<String>, bool)> = Vec::new();
         // A concatenation with ranges (pipapo): each element carries its inclusive end.
         let ranged = interval && layout.key.len() > 1;
-        let mut ranges = BTreeMap::new();
+        let mut ranges = Elements::default();
         for body in replies {
             let Some(list) = find(&body, NFTA_SET_ELEM_LIST_ELEMENTS) else {
                 continue;
@@ -211,8 +211,8 @@ impl Reader {
                         .and_then(|k| find(k, NFTA_DATA_VALUE))
                         .unwrap_or(&key);
                     ranges.insert(
-                        ranged_text(&key, last, &layout.key, layout.addr_len, family),
-                        value,
+                        &ranged_text(&key, last, &layout.key, layout.addr_len, family),
+                        value.as_deref(),
                     );
                     continue;
                 }
@@ -427,10 +427,7 @@ fn ranged_text(
 
 /// Pair interval starts with their (exclusive) ends and print each range as nft does: a
 /// prefix as `addr/len`, a single address bare, anything else as `first-last`.
-fn interval_elements(
-    raw: Vec<(Vec<u8>, Option<String>, bool)>,
-    family: IpFamily,
-) -> BTreeMap<String, Option<String>> {
+fn interval_elements(raw: Vec<(Vec<u8>, Option<String>, bool)>, family: IpFamily) -> Elements {
     let bits: u32 = match family {
         IpFamily::V4 => 32,
         IpFamily::V6 => 128,
@@ -446,7 +443,7 @@ fn interval_elements(
         .collect();
     // At one address an end sorts before a start: [a, b) followed by [b, c).
     points.sort_by_key(|(v, end)| (*v, !*end));
-    let mut out = BTreeMap::new();
+    let mut out = Elements::default();
     let mut i = 0;
     while i < points.len() {
         let (start, is_end) = points[i];
@@ -462,7 +459,7 @@ fn interval_elements(
             _ => max,
         };
         let text = range_text(start, last, family);
-        out.insert(text, None);
+        out.insert(&text, None);
     }
     out
 }
@@ -499,7 +496,10 @@ mod tests {
             p([10, 0, 0, 5], false),
             p([10, 0, 0, 8], true),
         ];
-        let got: Vec<String> = interval_elements(raw, IpFamily::V4).into_keys().collect();
+        let got: Vec<String> = interval_elements(raw, IpFamily::V4)
+            .keys()
+            .map(str::to_string)
+            .collect();
         assert_eq!(got, ["10.0.0.5-10.0.0.7", "172.30.0.0/16", "192.168.0.2"]);
     }
 

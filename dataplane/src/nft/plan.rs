@@ -75,7 +75,7 @@ fn previous_slots(prev: Option<&Set>, prefix: &str) -> Vec<Option<String>> {
     };
     let start = format!("{prefix} . ");
     let mut out: Vec<Option<String>> = Vec::new();
-    for (key, value) in set.elements.range(start.clone()..) {
+    for (key, value) in set.elements.range_from(&start) {
         let Some(slot) = key.strip_prefix(&start) else {
             break;
         };
@@ -84,7 +84,7 @@ fn previous_slots(prev: Option<&Set>, prefix: &str) -> Vec<Option<String>> {
                 if out.len() <= i {
                     out.resize(i + 1, None);
                 }
-                out[i] = Some(v.clone());
+                out[i] = Some(v.to_string());
             }
         }
     }
@@ -264,14 +264,14 @@ impl<'a> Builder<'a> {
                 .sets
                 .get(set)
                 .and_then(|s| s.elements.get(key))
-                .cloned()
+                .map(|v| v.map(str::to_string))
         });
     }
 
     fn put(&mut self, set: &'static str, key: String, value: Option<String>) {
         self.touch(set, &key);
         if let Some(s) = self.table.sets.get_mut(set) {
-            s.elements.insert(key, value);
+            s.elements.insert(&key, value.as_deref());
         }
     }
 
@@ -520,7 +520,7 @@ impl<'a> Builder<'a> {
                         .entry(set.to_string())
                         .or_default()
                         .elements
-                        .insert(key, value);
+                        .insert(&key, value.as_deref());
                 }
             }
         }

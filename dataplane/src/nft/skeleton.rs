@@ -4,7 +4,6 @@
 use super::tables::{Chain, Set, Table};
 use crate::model::{disjoint_cidrs, IpFamily, LocalDetector, NodeConfig, NodePortAddresses};
 use ipnetwork::IpNetwork;
-use std::collections::BTreeMap;
 
 pub const SET_CLUSTER_IPS: &str = "cluster-ips";
 pub const SET_SERVICE_CIDRS: &str = "service-cidrs";
@@ -86,7 +85,7 @@ fn set(map: bool, decl: String) -> Set {
         map,
         decl,
         fingerprint,
-        elements: BTreeMap::new(),
+        elements: Default::default(),
     }
 }
 

@@ -5,6 +5,7 @@
 //! by a fingerprint carried in the first rule's comment plus the rule count, because nft 1.0.6
 //! cannot give chain comments back through JSON and rule text is not round-trippable.
 
+use super::elements::Elements;
 use crate::model::IpFamily;
 use std::collections::BTreeMap;
 
@@ -29,7 +30,7 @@ pub struct Set {
     /// Fingerprint of the declaration, stored in the set's comment.
     pub fingerprint: String,
     /// Key to value (`None` for a plain set).
-    pub elements: BTreeMap<String, Option<String>>,
+    pub elements: Elements,
 }
 
 /// A chain and its rules.

@@ -122,17 +122,17 @@ fn service_without_endpoints_rejects_on_every_front_end() {
     let none = &t.sets[plan::MAP_NO_ENDPOINT_SERVICES].elements;
     assert_eq!(
         none.get("172.30.0.41 . tcp . 80"),
-        Some(&Some("goto reject-chain".into()))
+        Some(Some("goto reject-chain"))
     );
     assert_eq!(
         none.get("192.168.99.11 . tcp . 80"),
-        Some(&Some("goto reject-chain".into()))
+        Some(Some("goto reject-chain"))
     );
     assert_eq!(
         t.sets[plan::MAP_NO_ENDPOINT_NODEPORTS]
             .elements
             .get("tcp . 3001"),
-        Some(&Some("goto reject-chain".into()))
+        Some(Some("goto reject-chain"))
     );
     assert!(t.sets[plan::MAP_SERVICE_IPS].elements.is_empty());
     assert!(t.sets[plan::SET_CLUSTER_IPS]
@@ -323,7 +323,7 @@ fn conflicting_front_ends_keep_the_first_service() {
     let be = &rs.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS].elements;
     assert_eq!(
         be.get("192.168.99.11 . tcp . 80 . 0"),
-        Some(&Some("10.0.0.1 . 8080".into()))
+        Some(Some("10.0.0.1 . 8080"))
     );
 }
 
@@ -367,9 +367,7 @@ fn a_family_the_kernel_refuses_does_not_hold_back_the_other() {
     let v4_backends =
         &be.executor().state.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS].elements;
     assert!(
-        v4_backends
-            .values()
-            .any(|v| v.as_deref() == Some("10.0.0.2 . 8080")),
+        v4_backends.values().any(|v| v == Some("10.0.0.2 . 8080")),
         "{v4_backends:?}"
     );
 }
@@ -415,7 +413,7 @@ fn switching_affinity_off_forgets_the_remembered_clients() {
         .remembered
         .entry(IpFamily::V4)
         .or_default()
-        .insert(key.clone(), Some("10.0.0.2 . 8080".into()));
+        .insert(&key, Some("10.0.0.2 . 8080"));
 
     let mut plain_web = sticky.clone();
     plain_web.session_affinity = SessionAffinity::None;

@@ -7,7 +7,7 @@
 use super::diff::{Op, Transaction};
 use super::tables::Ruleset;
 use crate::model::IpFamily;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 /// What commits touched since a background read began.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -93,8 +93,8 @@ pub fn differences(kernel: &Ruleset, committed: &Ruleset, recent: &Recent) -> Ve
                 out.push(format!("{family} set {name} redeclared"));
             }
             let touched = recent.elements.get(&(family, name.clone()));
-            let recent_key = |key: &String| touched.is_some_and(|t| t.contains(key));
-            for (key, ours, theirs) in side_by_side(&set.elements, &ks.elements) {
+            let recent_key = |key: &str| touched.is_some_and(|t| t.contains(key));
+            for (key, ours, theirs) in side_by_side(set.elements.iter(), ks.elements.iter()) {
                 if ours == theirs || recent_key(key) {
                     continue;
                 }
@@ -108,7 +108,7 @@ pub fn differences(kernel: &Ruleset, committed: &Ruleset, recent: &Recent) -> Ve
             out.push(format!("{family} set {name} not ours"));
         }
         let recent_chain = |name: &String| recent.chains.contains(&(family, name.clone()));
-        for (name, ours, theirs) in side_by_side(&c.chains, &k.chains) {
+        for (name, ours, theirs) in side_by_side(c.chains.iter(), k.chains.iter()) {
             let what = match (ours, theirs) {
                 (Some(o), Some(t)) if o.same_as(t) => continue,
                 (Some(_), Some(_)) => ": rules changed",
@@ -126,12 +126,12 @@ pub fn differences(kernel: &Ruleset, committed: &Ruleset, recent: &Recent) -> Ve
 /// Every key of two sorted maps once, in order, with its value on each side: a merge, so
 /// comparing 100k elements costs one pass instead of 100k lookups (the comparison runs on
 /// the agent's event loop).
-fn side_by_side<'a, K: Ord, V>(
-    ours: &'a BTreeMap<K, V>,
-    theirs: &'a BTreeMap<K, V>,
-) -> impl Iterator<Item = (&'a K, Option<&'a V>, Option<&'a V>)> {
-    let mut a = ours.iter().peekable();
-    let mut b = theirs.iter().peekable();
+fn side_by_side<K: Ord, V>(
+    ours: impl Iterator<Item = (K, V)>,
+    theirs: impl Iterator<Item = (K, V)>,
+) -> impl Iterator<Item = (K, Option<V>, Option<V>)> {
+    let mut a = ours.peekable();
+    let mut b = theirs.peekable();
     std::iter::from_fn(move || match (a.peek(), b.peek()) {
         (None, None) => None,
         (Some(_), None) => a.next().map(|(k, v)| (k, Some(v), None)),

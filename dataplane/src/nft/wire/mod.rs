@@ -261,11 +261,7 @@ impl Writer {
                         decl.write(a, id, &set.fingerprint);
                     },
                 );
-                let items: Vec<(&str, Option<&str>)> = set
-                    .elements
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_deref()))
-                    .collect();
+                let items: Vec<(&str, Option<&str>)> = set.elements.iter().collect();
                 self.elements(family, name, &items, false)?;
             }
             Op::AddChain { name, hook, .. } => {
