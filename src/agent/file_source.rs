@@ -12,9 +12,11 @@
 //! The agent's loop never waits for a file: a hung read holds only this thread.
 
 use super::store::{self, Arrival, Kind, ObjectKey, SourceEvent};
-use crate::manifests::{self, Identity, ManifestError, Manifests, Object, Stamp};
+use crate::manifests::{self, ManifestError, Manifests, Object, Stamp};
+use dataplane::interned::intern;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -64,29 +66,53 @@ pub fn replace_all(m: Manifests) -> Vec<SourceEvent> {
 
 /// One file as last read: the stamp of the version read and its objects, or why it failed.
 struct Entry {
+    /// Its path, shared by the winners it holds.
+    path: Arc<Path>,
     stamp: Stamp,
     /// The path named on the command line (see [`manifests::Found`]).
     named: bool,
     parsed: Result<Objects, ManifestError>,
 }
 
-/// What identifies an object once the store has it: its identity among the files, and the
-/// kind and key the store knows it by.
+/// (kind, namespace, name) of an object among the files, as [`manifests::identity`] gives
+/// it, in interned names: shared with the store's names and between the watcher's own
+/// records (at 10k services the watcher's strings were 8 MB, heaptrack).
+type Id = (&'static str, Arc<str>, Arc<str>);
+
+/// The store's key of an object, in interned names.
+type Key = (Arc<str>, Arc<str>);
+
+/// What identifies an object once the store has it: the kind and key the store knows it by,
+/// from which its identity among the files follows ([`Known::id`]).
 #[derive(Debug, Clone, PartialEq)]
 struct Known {
-    id: Identity,
     kind: Kind,
-    key: ObjectKey,
+    key: Key,
 }
 
 impl Known {
     fn of(o: &Object) -> Known {
+        let (ns, name) = store::object_key(o);
         Known {
-            id: manifests::identity(o),
             kind: store::kind_of(o),
-            key: store::object_key(o),
+            key: (intern(&ns), intern(&name)),
         }
     }
+
+    /// As [`manifests::identity`]: a namespaced object's absent or empty namespace is the
+    /// default one, and a cluster-scoped object has none.
+    fn id(&self) -> Id {
+        let ns = match self.kind {
+            Kind::Node | Kind::ServiceCidr => intern(""),
+            Kind::Service | Kind::EndpointSlice if self.key.0.is_empty() => intern("default"),
+            Kind::Service | Kind::EndpointSlice => self.key.0.clone(),
+        };
+        (self.kind.as_str(), ns, self.key.1.clone())
+    }
+}
+
+fn object_key(key: &Key) -> ObjectKey {
+    (key.0.to_string(), key.1.to_string())
 }
 
 /// A file's objects: whole until they are reported, then only what identifies them, since
@@ -109,10 +135,10 @@ impl Objects {
 /// in it, with the kind and key the store knows it by.
 #[derive(Debug, Clone, PartialEq)]
 struct Winner {
-    path: PathBuf,
+    path: Arc<Path>,
     index: usize,
     kind: Kind,
-    key: ObjectKey,
+    key: Key,
 }
 
 /// The manifest path's files as last read, and what has been reported about them.
@@ -134,7 +160,7 @@ pub struct Watcher {
     /// Files read and parsed so far (for tests).
     reads: u64,
     /// Each object reported, and where its copy in effect came from.
-    shown: BTreeMap<Identity, Winner>,
+    shown: BTreeMap<Id, Winner>,
     /// Files read again, added or removed since the last report.
     touched: BTreeSet<PathBuf>,
 }
@@ -187,12 +213,14 @@ impl Watcher {
                     self.touched.insert(found.path.clone());
                     match manifests::read_file(&found, self.cap) {
                         Ok((stamp, objects)) => Entry {
+                            path: found.path.as_path().into(),
                             stamp,
                             named: found.named,
                             parsed: Ok(Objects::Whole(objects)),
                         },
                         // The listing's stamp: the next poll reads again only if it changes.
                         Err(e) => Entry {
+                            path: found.path.as_path().into(),
                             stamp: found.stamp,
                             named: found.named,
                             parsed: Err(e),
@@ -256,16 +284,17 @@ impl Watcher {
 
     /// The copy in effect of every object, in path and then document order (the last copy
     /// wins, as in [`Watcher::merged`]), and the warnings about objects defined twice.
-    fn winners(&self) -> (BTreeMap<Identity, Winner>, Vec<String>) {
-        let mut out: BTreeMap<Identity, Winner> = BTreeMap::new();
+    fn winners(&self) -> (BTreeMap<Id, Winner>, Vec<String>) {
+        let mut out: BTreeMap<Id, Winner> = BTreeMap::new();
         let mut twice = Vec::new();
         for (path, objects) in self
             .files
-            .iter()
-            .filter_map(|(p, e)| e.parsed.as_ref().ok().map(|o| (p, o.known())))
+            .values()
+            .filter_map(|e| e.parsed.as_ref().ok().map(|o| (&e.path, o.known())))
         {
             for (index, known) in objects.enumerate() {
-                let Known { id, kind, key } = known.into_owned();
+                let id = known.id();
+                let Known { kind, key } = known.into_owned();
                 let winner = Winner {
                     path: path.clone(),
                     index,
@@ -273,8 +302,9 @@ impl Watcher {
                     key,
                 };
                 if let Some(earlier) = out.insert(id.clone(), winner) {
+                    let (kind, ns, name) = id;
                     twice.push(manifests::defined_twice(
-                        &id,
+                        &(kind, ns.to_string(), name.to_string()),
                         &manifests::place(&earlier.path, earlier.index),
                         &manifests::place(path, index),
                     ));
@@ -286,16 +316,16 @@ impl Watcher {
 
     /// Whether the copy in effect of `id` must be sent: it is new, or it moved to another
     /// file, or its file was read again.
-    fn to_send(&self, id: &Identity, w: &Winner) -> bool {
+    fn to_send(&self, id: &Id, w: &Winner) -> bool {
         let moved = self.shown.get(id).is_none_or(|old| old.path != w.path);
-        moved || self.touched.contains(&w.path)
+        moved || self.touched.contains(&*w.path)
     }
 
     /// Files whose objects must be sent but were reported and not kept (the earlier copy of
     /// an object defined twice, in effect again): read them again, at most once per file and
     /// report. Then the copies in effect and the warnings about objects defined twice, as
     /// [`Watcher::winners`] gives them; `None` if one of those files fails now.
-    fn read_back(&mut self) -> Option<(BTreeMap<Identity, Winner>, Vec<String>)> {
+    fn read_back(&mut self) -> Option<(BTreeMap<Id, Winner>, Vec<String>)> {
         let mut tried = BTreeSet::new();
         loop {
             let (winners, twice) = self.winners();
@@ -304,11 +334,11 @@ impl Watcher {
                 .filter(|(id, w)| self.to_send(id, w))
                 .filter(|(_, w)| {
                     matches!(
-                        self.files.get(&w.path).map(|e| &e.parsed),
+                        self.files.get(&*w.path).map(|e| &e.parsed),
                         Some(Ok(Objects::Known(_)))
                     )
                 })
-                .map(|(_, w)| w.path.clone())
+                .map(|(_, w)| w.path.to_path_buf())
                 .filter(|p| !tried.contains(p))
                 .collect();
             if missing.is_empty() {
@@ -353,7 +383,7 @@ impl Watcher {
     /// now: only the objects of touched files (or whose winning copy moved), and deletions.
     fn difference(
         &mut self,
-        winners: BTreeMap<Identity, Winner>,
+        winners: BTreeMap<Id, Winner>,
         twice: Vec<String>,
     ) -> Vec<SourceEvent> {
         for d in &twice {
@@ -365,14 +395,14 @@ impl Watcher {
             // one copy and written as `default` in the other).
             let rekeyed = winners.get(id).is_some_and(|now| now.key != w.key);
             if rekeyed || !winners.contains_key(id) {
-                events.push(SourceEvent::Delete(w.kind, w.key.clone()));
+                events.push(SourceEvent::Delete(w.kind, object_key(&w.key)));
             }
         }
         for (id, w) in &winners {
             if !self.to_send(id, w) {
                 continue;
             }
-            let object = match self.files.get(&w.path).map(|e| &e.parsed) {
+            let object = match self.files.get(&*w.path).map(|e| &e.parsed) {
                 Some(Ok(Objects::Whole(objects))) => objects.get(w.index),
                 _ => None,
             };
@@ -469,6 +499,38 @@ pub fn spawn(mut w: Watcher, tx: mpsc::Sender<Arrival>) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The identity derived from the store's key is the one the files' duplicate check
+    /// uses, whatever the namespace says.
+    #[test]
+    fn an_identity_from_the_key_is_the_manifests_identity() {
+        use k8s_openapi::api::core::v1::{Node, Service};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+        let meta = |ns: Option<&str>| ObjectMeta {
+            name: Some("x".into()),
+            namespace: ns.map(str::to_string),
+            ..Default::default()
+        };
+        for ns in [None, Some(""), Some("default"), Some("other")] {
+            for o in [
+                Object::Service(Box::new(Service {
+                    metadata: meta(ns),
+                    ..Default::default()
+                })),
+                Object::Node(Box::new(Node {
+                    metadata: meta(ns),
+                    ..Default::default()
+                })),
+            ] {
+                let (kind, ns, name) = Known::of(&o).id();
+                assert_eq!(
+                    (kind, ns.to_string(), name.to_string()),
+                    manifests::identity(&o),
+                    "{o:?}"
+                );
+            }
+        }
+    }
 
     fn svc(name: &str, ip: &str) -> String {
         format!(
