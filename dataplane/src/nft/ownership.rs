@@ -7,19 +7,46 @@ use super::tables::Chain;
 use crate::backend::NoLocalEndpoints;
 use crate::model::{IpFamily, ServicePortName};
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
-/// Sets whose elements several service ports may contribute (ports of one service share a
-/// cluster IP; an endpoint may back several services). Every other element has one owner:
-/// front ends are exclusive, and backend slots are keyed by their front end.
-pub fn shared(set: &str) -> bool {
-    set == SET_CLUSTER_IPS || set == SET_HAIRPIN
+/// The sets whose elements several service ports may contribute: ports of one service share
+/// a cluster IP, and an endpoint may back several services. Every other element has one
+/// owner: front ends are exclusive, and backend slots are keyed by their front end. Both
+/// are keyed by one address, which is what the records and the counts keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Shared {
+    /// `cluster-ips`: the address.
+    ClusterIp,
+    /// `hairpin`: an endpoint reaching itself, `address . address`.
+    Hairpin,
+}
+
+impl Shared {
+    pub fn set(self) -> &'static str {
+        match self {
+            Shared::ClusterIp => SET_CLUSTER_IPS,
+            Shared::Hairpin => SET_HAIRPIN,
+        }
+    }
+
+    /// The element's key.
+    pub fn key(self, ip: IpAddr) -> String {
+        match self {
+            Shared::ClusterIp => ip.to_string(),
+            Shared::Hairpin => format!("{ip} . {ip}"),
+        }
+    }
 }
 
 /// What one service port contributed to its family's table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Record {
-    /// (set, key) of every element it put in, but its backend slots.
+    /// (set, key) of every element only it holds, but its backend slots.
     pub elements: Vec<(&'static str, String)>,
+    /// The shared elements it holds a count of. Kept as addresses: with endpoints not known
+    /// to run elsewhere, every endpoint is a hairpin element, and their keys as text, here
+    /// and in the counts, were 12 MB at 10k services x 10 (heaptrack).
+    pub shared: Vec<(Shared, IpAddr)>,
     /// Its backend slots: (backends map, front-end key, count), the elements
     /// `<key> . 0` to `<key> . <count - 1>`. Kept as a range, not one key each: at 10k
     /// services x 10 endpoints, a copy of every slot's key held here was 9 MB (heaptrack).
@@ -40,7 +67,7 @@ pub fn slot_key(key: &str, i: usize) -> String {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FamilyIndex {
     pub records: BTreeMap<ServicePortName, Record>,
-    shared: BTreeMap<(&'static str, String), usize>,
+    shared: BTreeMap<(Shared, IpAddr), usize>,
     lb: BTreeMap<(LbKind, usize), usize>,
     /// Sums over the records.
     pub no_local: NoLocalEndpoints,
@@ -49,13 +76,13 @@ pub struct FamilyIndex {
 
 impl FamilyIndex {
     /// Count one more holder of a shared element; true when it is the first.
-    pub fn hold(&mut self, set: &'static str, key: &str) -> bool {
-        count_up(&mut self.shared, (set, key.to_string()))
+    pub fn hold(&mut self, set: Shared, ip: IpAddr) -> bool {
+        count_up(&mut self.shared, (set, ip))
     }
 
     /// Count one holder less of a shared element; true when it was the last.
-    pub fn release(&mut self, set: &'static str, key: &str) -> bool {
-        count_down(&mut self.shared, &(set, key.to_string()))
+    pub fn release(&mut self, set: Shared, ip: IpAddr) -> bool {
+        count_down(&mut self.shared, &(set, ip))
     }
 
     /// Count one more user of a load-balancing chain; true when it is the first.

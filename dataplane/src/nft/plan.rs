@@ -17,7 +17,7 @@
 //! Slots are assigned stably against the previous state: an endpoint keeps its slot while it
 //! stays, and a removed one's slot is refilled by the last, so a change costs O(changed).
 
-use super::ownership::{self, FamilyIndex, Index, Record, Touched};
+use super::ownership::{self, FamilyIndex, Index, Record, Shared, Touched};
 pub use super::skeleton::{
     cidr_text, MAP_AFFINITY, MAP_AFFINITY_FRONTENDS, MAP_BACKENDS, MAP_NODEPORT_BACKENDS,
     MAP_NODEPORT_SHORTCUT_BACKENDS, MAP_NO_ENDPOINT_NODEPORTS, MAP_NO_ENDPOINT_SERVICES,
@@ -302,11 +302,11 @@ impl<'a> Builder<'a> {
     }
 
     /// An element other service ports may hold too.
-    fn put_shared(&mut self, rec: &mut Record, set: &'static str, key: String) {
-        if self.index.hold(set, &key) {
-            self.put(set, key.clone(), None);
+    fn put_shared(&mut self, rec: &mut Record, set: Shared, ip: IpAddr) {
+        if self.index.hold(set, ip) {
+            self.put(set.set(), set.key(ip), None);
         }
-        rec.elements.push((set, key));
+        rec.shared.push((set, ip));
     }
 
     fn use_chain(&mut self, rec: &mut Record, kind: LbKind, n: usize) {
@@ -447,7 +447,7 @@ impl<'a> Builder<'a> {
         {
             rec.no_local.external = 1;
         }
-        self.put_shared(&mut rec, SET_CLUSTER_IPS, svc.cluster_ip.to_string());
+        self.put_shared(&mut rec, Shared::ClusterIp, svc.cluster_ip);
         let affinity = match svc.session_affinity {
             SessionAffinity::ClientIp { timeout_seconds } => Some(timeout_seconds.max(1) as usize),
             SessionAffinity::None => None,
@@ -483,15 +483,15 @@ impl<'a> Builder<'a> {
         }
         // Hairpin: an endpoint reaching itself through the service must be masqueraded, or
         // it would answer itself directly. Endpoints known to run elsewhere never start here.
-        let hairpin: BTreeSet<String> = sel
+        let hairpin: BTreeSet<IpAddr> = sel
             .cluster
             .iter()
             .chain(sel.local.iter())
             .filter(|e| e.node_name.as_deref().is_none_or(|n| n == self.node.name))
-            .map(|e| format!("{} . {}", e.ip, e.ip))
+            .map(|e| e.ip)
             .collect();
-        for key in hairpin {
-            self.put_shared(&mut rec, SET_HAIRPIN, key);
+        for ip in hairpin {
+            self.put_shared(&mut rec, Shared::Hairpin, ip);
         }
         self.index.insert(svc.name.clone(), rec);
     }
@@ -503,13 +503,12 @@ impl<'a> Builder<'a> {
             return;
         };
         for (set, key) in rec.elements {
-            if ownership::shared(set) {
-                if self.index.release(set, &key) {
-                    self.take(set, &key);
-                }
-                continue;
-            }
             self.take(set, &key);
+        }
+        for (set, ip) in rec.shared {
+            if self.index.release(set, ip) {
+                self.take(set.set(), &set.key(ip));
+            }
         }
         for (set, key, n) in rec.slots {
             for i in 0..n {
