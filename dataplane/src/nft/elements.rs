@@ -106,6 +106,14 @@ impl Elements {
         self.0.take(key).map(Element::into_value)
     }
 
+    /// Rebuild the tree with full nodes. Added in key order, as a layout adds them, a
+    /// B-tree's nodes end up about half full: at 10k services x 10 endpoints its nodes
+    /// took 45 bytes per 24-byte element (heaptrack).
+    pub fn compact(&mut self) {
+        // Collected from a sorted sequence, a B-tree is built bottom-up with full nodes.
+        self.0 = std::mem::take(&mut self.0).into_iter().collect();
+    }
+
     pub fn clear(&mut self) {
         self.0.clear();
     }

@@ -95,7 +95,17 @@ impl FamilyIndex {
         count_down(&mut self.lb, &chain)
     }
 
-    pub fn insert(&mut self, name: ServicePortName, record: Record) {
+    /// Rebuild the maps with full nodes, after a whole layout added to them in key order
+    /// (see [`super::elements::Elements::compact`]).
+    pub fn compact(&mut self) {
+        self.records = std::mem::take(&mut self.records).into_iter().collect();
+        self.shared = std::mem::take(&mut self.shared).into_iter().collect();
+    }
+
+    pub fn insert(&mut self, name: ServicePortName, mut record: Record) {
+        // Held until the service port changes: no room to grow.
+        record.elements.shrink_to_fit();
+        record.shared.shrink_to_fit();
         self.no_local.internal += record.no_local.internal;
         self.no_local.external += record.no_local.external;
         self.conflicts += record.conflicts;

@@ -555,6 +555,10 @@ fn family_table(
             b.service(svc, snapshot.endpoints_of(name));
         }
     }
+    for set in b.table.sets.values_mut() {
+        set.elements.compact();
+    }
+    b.index.compact();
     (b.table, b.index, b.conflicts)
 }
 
