@@ -561,6 +561,7 @@ mod tests {
                     SourceEvent::Delete(kind, key) => {
                         self.0.remove(&(kind, key));
                     }
+                    e => panic!("the file source streams no lists: {e:?}"),
                 }
             }
         }

@@ -258,26 +258,27 @@ async fn run<K>(
     K::DynamicType: Default,
 {
     let mut stream = watch_stream(&api, &cfg, lists);
-    let mut buffer: Vec<Object> = Vec::new();
+    // Objects a list in progress has named, for the log.
+    let mut count = 0usize;
     let mut listed = false;
     while let Some(item) = stream.next().await {
         let event = match item {
             Ok(Event::Init) => {
-                buffer.clear();
-                continue;
+                count = 0;
+                SourceEvent::ListBegin(kind)
             }
             Ok(Event::InitApply(o)) => {
-                buffer.push(wrap(o));
-                continue;
+                count += 1;
+                SourceEvent::Listed(wrap(o))
             }
             Ok(Event::InitDone) => {
                 if listed {
-                    tracing::info!("{}: relisted {} objects", kind.as_str(), buffer.len());
+                    tracing::info!("{}: relisted {count} objects", kind.as_str());
                 } else {
-                    tracing::info!("{}: listed {} objects", kind.as_str(), buffer.len());
+                    tracing::info!("{}: listed {count} objects", kind.as_str());
                 }
                 listed = true;
-                SourceEvent::Replace(kind, std::mem::take(&mut buffer))
+                SourceEvent::ListEnd(kind)
             }
             Ok(Event::Apply(o)) => SourceEvent::Apply(wrap(o)),
             Ok(Event::Delete(o)) => SourceEvent::Delete(kind, object_key(&wrap(o))),
@@ -294,7 +295,6 @@ async fn run<K>(
                         kind.as_str()
                     );
                     lists = Lists::Paged;
-                    buffer.clear();
                     stream = watch_stream(&api, &cfg, lists);
                     continue;
                 }

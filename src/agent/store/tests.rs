@@ -116,6 +116,52 @@ fn slices_of_one_service_merge_and_changes_keep_first_previous() {
     assert_eq!(change.first_event, t1);
 }
 
+/// A list streamed in object by object ends where a whole one does: what it did not name
+/// is gone when it ends, not before, and the kind counts as listed only then.
+#[test]
+fn a_streamed_list_removes_what_it_lacked_when_it_ends() {
+    let mut st = store();
+    let t = Instant::now();
+    st.apply(svc("web", "10.96.0.10", "1"), t);
+    st.apply(svc("db", "10.96.0.20", "1"), t);
+    for kind in [Kind::EndpointSlice, Kind::Node, Kind::ServiceCidr] {
+        st.apply(SourceEvent::Replace(kind, vec![]), t);
+    }
+    st.apply(SourceEvent::ListBegin(Kind::Service), t);
+    let SourceEvent::Apply(db) = svc("db", "10.96.0.21", "2") else {
+        unreachable!()
+    };
+    st.apply(SourceEvent::Listed(db), t);
+    let names = |st: &Store| -> Vec<String> {
+        st.snapshot()
+            .services
+            .keys()
+            .map(|(n, _)| n.name.to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(&st),
+        ["db", "web"],
+        "nothing goes while the list runs"
+    );
+    assert!(!st.initial_lists_done());
+    st.apply(SourceEvent::ListEnd(Kind::Service), t);
+    assert!(st.initial_lists_done());
+    assert_eq!(names(&st), ["db"]);
+    let db = st.snapshot().services.values().next().unwrap();
+    assert_eq!(
+        db.cluster_ip.to_string(),
+        "10.96.0.21",
+        "the listed copy is applied"
+    );
+    // A relist that starts again (a new Init) forgets what the broken one had named.
+    st.apply(SourceEvent::ListBegin(Kind::Service), t);
+    st.apply(svc("web", "10.96.0.10", "3"), t);
+    st.apply(SourceEvent::ListBegin(Kind::Service), t);
+    st.apply(SourceEvent::ListEnd(Kind::Service), t);
+    assert!(names(&st).is_empty());
+}
+
 #[test]
 fn replace_removes_what_the_new_list_lacks() {
     let mut st = store();
