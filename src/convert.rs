@@ -319,7 +319,7 @@ pub fn service(svc: &Service, warnings: &mut Vec<String>) -> Result<Vec<ServiceP
             .creation_timestamp
             .as_ref()
             .map_or(i64::MAX, |t| t.0.as_second()),
-        uid: meta.uid.clone().unwrap_or_default(),
+        uid: meta.uid.as_deref().unwrap_or_default().into(),
     };
     let affinity = match spec.session_affinity.as_deref() {
         Some("ClientIP") => SessionAffinity::ClientIp {

@@ -169,15 +169,15 @@ pub struct ServicePort {
 pub struct Seniority {
     /// creationTimestamp in seconds since the epoch; `i64::MAX` when unknown (youngest).
     pub created: i64,
-    /// metadata.uid; empty when unknown.
-    pub uid: String,
+    /// metadata.uid; empty when unknown. Shared by every copy of the service's ports.
+    pub uid: Arc<str>,
 }
 
 impl Default for Seniority {
     fn default() -> Self {
         Seniority {
             created: i64::MAX,
-            uid: String::new(),
+            uid: Arc::from(""),
         }
     }
 }
@@ -376,6 +376,13 @@ impl Snapshot {
 
     pub fn endpoints_of(&self, name: &ServicePortName) -> &[Endpoint] {
         self.endpoints.get(name).map(|e| &e[..]).unwrap_or(&[])
+    }
+
+    /// Rebuild the maps with full nodes: filled in key order, as an initial list fills them,
+    /// a B-tree's nodes end up about half full.
+    pub fn compact(&mut self) {
+        self.services = std::mem::take(&mut self.services).into_iter().collect();
+        self.endpoints = std::mem::take(&mut self.endpoints).into_iter().collect();
     }
 
     pub fn service_count(&self) -> usize {

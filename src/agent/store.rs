@@ -293,6 +293,15 @@ impl Store {
 
     /// Record one source event at time `now`.
     pub fn apply(&mut self, event: SourceEvent, now: Instant) -> Recorded {
+        let listed = self.initial_lists_done();
+        let rec = self.apply_event(event, now);
+        if !listed && self.initial_lists_done() {
+            self.snapshot.compact();
+        }
+        rec
+    }
+
+    fn apply_event(&mut self, event: SourceEvent, now: Instant) -> Recorded {
         match event {
             SourceEvent::Apply(obj) => self.upsert(obj, now),
             SourceEvent::Delete(kind, key) => self.remove(kind, &key, now),

@@ -106,6 +106,8 @@ impl FamilyIndex {
         // Held until the service port changes: no room to grow.
         record.elements.shrink_to_fit();
         record.shared.shrink_to_fit();
+        record.slots.shrink_to_fit();
+        record.lb.shrink_to_fit();
         self.no_local.internal += record.no_local.internal;
         self.no_local.external += record.no_local.external;
         self.conflicts += record.conflicts;
