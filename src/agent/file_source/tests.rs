@@ -1,0 +1,321 @@
+use super::*;
+
+/// The identity derived from the store's key is the one the files' duplicate check
+/// uses, whatever the namespace says.
+#[test]
+fn an_identity_from_the_key_is_the_manifests_identity() {
+    use k8s_openapi::api::core::v1::{Node, Service};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let meta = |ns: Option<&str>| ObjectMeta {
+        name: Some("x".into()),
+        namespace: ns.map(str::to_string),
+        ..Default::default()
+    };
+    for ns in [None, Some(""), Some("default"), Some("other")] {
+        for o in [
+            Object::Service(Box::new(Service {
+                metadata: meta(ns),
+                ..Default::default()
+            })),
+            Object::Node(Box::new(Node {
+                metadata: meta(ns),
+                ..Default::default()
+            })),
+        ] {
+            let (kind, ns, name) = Known::of(&o).id();
+            assert_eq!(
+                (kind, ns.to_string(), name.to_string()),
+                manifests::identity(&o),
+                "{o:?}"
+            );
+        }
+    }
+}
+
+fn svc(name: &str, ip: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name}, namespace: ns }}\n\
+         spec: {{ clusterIP: {ip}, ports: [{{ port: 80 }}] }}\n"
+    )
+}
+
+/// What a store holds after the events, as the store applies them: by kind and key.
+#[derive(Default)]
+struct View(BTreeMap<(Kind, ObjectKey), Object>);
+
+impl View {
+    fn apply(&mut self, events: Vec<SourceEvent>) {
+        for e in events {
+            match e {
+                SourceEvent::Replace(kind, objects) => {
+                    self.0.retain(|(k, _), _| *k != kind);
+                    for o in objects {
+                        self.0
+                            .insert((store::kind_of(&o), store::object_key(&o)), o);
+                    }
+                }
+                SourceEvent::Apply(o) => {
+                    self.0
+                        .insert((store::kind_of(&o), store::object_key(&o)), o);
+                }
+                SourceEvent::Delete(kind, key) => {
+                    self.0.remove(&(kind, key));
+                }
+                e => panic!("the file source streams no lists: {e:?}"),
+            }
+        }
+    }
+
+    /// name=clusterIP of each Service held, in key order.
+    fn services(&self) -> Vec<String> {
+        self.0
+            .values()
+            .filter_map(|o| match o {
+                Object::Service(s) => Some(format!(
+                    "{}={}",
+                    s.metadata.name.as_deref().unwrap(),
+                    s.spec.as_ref().unwrap().cluster_ip.as_deref().unwrap()
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// `view` after `events`: its Services.
+fn services(view: &mut View, events: Vec<SourceEvent>) -> Vec<String> {
+    view.apply(events);
+    view.services()
+}
+
+fn write_in_place(path: &Path, text: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+#[test]
+fn file_source_reads_only_changed_files_and_sees_edits_in_subdirectories() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("sub/deeper")).unwrap();
+    std::fs::write(d.join("a.yaml"), svc("a", "172.30.0.1")).unwrap();
+    std::fs::write(d.join("sub/b.yaml"), svc("b", "172.30.0.2")).unwrap();
+    let c = d.join("sub/deeper/c.yaml");
+    std::fs::write(&c, svc("c", "172.30.0.3")).unwrap();
+    let (events, mut w) = initial(d).unwrap();
+    let mut view = View::default();
+    assert_eq!(
+        services(&mut view, events),
+        ["a=172.30.0.1", "b=172.30.0.2", "c=172.30.0.3"]
+    );
+    assert_eq!(w.reads, 3);
+    let now = Instant::now();
+    assert!(w.poll(now).is_none());
+    assert_eq!(w.reads, 3, "nothing changed, nothing read");
+
+    // Edited in place, two levels down: only that file is read again.
+    write_in_place(&c, &svc("c", "172.30.0.33"));
+    let events = w.poll(now).expect("the edit is noticed");
+    assert_eq!(events.len(), 1, "only the edited file's object: {events:?}");
+    assert_eq!(
+        services(&mut view, events),
+        ["a=172.30.0.1", "b=172.30.0.2", "c=172.30.0.33"]
+    );
+    assert_eq!(w.reads, 4);
+
+    // A file removed: nothing read, its objects go.
+    std::fs::remove_file(d.join("a.yaml")).unwrap();
+    let events = w.poll(now).expect("the removal is noticed");
+    assert!(
+        matches!(&events[..], [SourceEvent::Delete(Kind::Service, _)]),
+        "{events:?}"
+    );
+    assert_eq!(
+        services(&mut view, events),
+        ["b=172.30.0.2", "c=172.30.0.33"]
+    );
+    assert_eq!(w.reads, 4);
+    assert!(w.poll(now).is_none());
+}
+
+#[test]
+fn file_source_reads_a_broken_file_again_only_when_it_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let a = d.join("a.yaml");
+    std::fs::write(&a, svc("a", "172.30.0.1")).unwrap();
+    let (events, mut w) = initial(d).unwrap();
+    let mut view = View::default();
+    view.apply(events);
+    let broken = d.join("broken.yaml");
+    std::fs::write(&broken, "kind: Service\nspec: [\n").unwrap();
+    let t0 = Instant::now();
+    for i in 0..100 {
+        assert!(w.poll(t0 + POLL * i).is_none());
+    }
+    assert_eq!(w.reads, 2, "the broken file was read once");
+    assert!(w.error().unwrap().to_string().contains("broken.yaml"));
+
+    // A good file edited meanwhile is read, but nothing is reported while one is broken.
+    write_in_place(&a, &svc("a", "172.30.0.11"));
+    assert!(w.poll(t0 + POLL * 101).is_none());
+    assert_eq!(w.reads, 3);
+
+    // Fixed: reported at once, with the edit made while it was broken.
+    write_in_place(&broken, &svc("d", "172.30.0.4"));
+    let events = w.poll(t0 + POLL * 102).expect("the fix is noticed");
+    assert_eq!(
+        services(&mut view, events),
+        ["a=172.30.0.11", "d=172.30.0.4"]
+    );
+    assert_eq!(w.reads, 4);
+    assert!(w.poll(t0 + POLL * 103).is_none());
+}
+
+#[test]
+fn file_source_retries_an_unreadable_file_with_backoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("a.yaml"), svc("a", "172.30.0.1")).unwrap();
+    let (events, mut w) = initial(d).unwrap();
+    let mut view = View::default();
+    view.apply(events);
+    // Not UTF-8: a read error, which (unlike a parse error) is tried again unchanged.
+    let bad = d.join("bad.yaml");
+    std::fs::write(&bad, [0xff, 0xfe, b'\n']).unwrap();
+    let t0 = Instant::now();
+    let mut at = Vec::new();
+    for i in 1..=300u32 {
+        let before = w.reads;
+        assert!(w.poll(t0 + POLL * i).is_none());
+        if w.reads > before {
+            at.push(POLL * i);
+        }
+    }
+    // 60 s of looking: at 0.2, 0.4, 0.8, 1.6, 3.2, 6.4 s and then every 5 s.
+    assert!((12..=20).contains(&at.len()), "{at:?}");
+    let gaps: Vec<Duration> = at.windows(2).map(|p| p[1] - p[0]).collect();
+    assert!(gaps.windows(2).all(|g| g[0] <= g[1]), "{gaps:?}");
+    assert!(gaps.iter().all(|g| *g <= MAX_BACKOFF + POLL), "{gaps:?}");
+    assert!(*gaps.last().unwrap() >= MAX_BACKOFF, "{gaps:?}");
+
+    // A change is read at once, whatever the backoff.
+    write_in_place(&bad, &svc("b", "172.30.0.2"));
+    let events = w.poll(t0 + POLL * 301).expect("the fix is noticed");
+    assert_eq!(
+        services(&mut view, events),
+        ["a=172.30.0.1", "b=172.30.0.2"]
+    );
+    assert_eq!(w.backoff, POLL);
+}
+
+#[test]
+fn file_source_initial_names_the_failing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.yaml"), svc("a", "172.30.0.1")).unwrap();
+    std::fs::write(dir.path().join("z.yaml"), "kind: Service\nspec: [\n").unwrap();
+    let e = initial(dir.path()).err().unwrap().to_string();
+    assert!(e.contains("z.yaml: not valid YAML"), "{e}");
+    let e = initial(&dir.path().join("gone")).err().unwrap().to_string();
+    assert!(e.contains("gone: cannot read"), "{e}");
+}
+
+/// After the first report only differences go out, and they leave the store where a
+/// complete report would: an object moving between files, a duplicate whose later copy
+/// goes (the earlier one is in effect again), a copy that differs only in spelling its
+/// namespace, and an edit among many files that sends that file's objects alone.
+#[test]
+fn file_source_reports_differences_that_equal_a_complete_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let many: String = (0..50)
+        .map(|i| svc(&format!("m{i}"), &format!("172.30.1.{i}")))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    std::fs::write(d.join("many.yaml"), &many).unwrap();
+    std::fs::write(d.join("a.yaml"), svc("a", "172.30.0.1")).unwrap();
+    std::fs::write(d.join("b.yaml"), svc("b", "172.30.0.2")).unwrap();
+    let (events, mut w) = initial(d).unwrap();
+    let mut view = View::default();
+    view.apply(events);
+    let t = Instant::now();
+    // What a complete report of the files as they are would hold: a first read.
+    let complete = |_: &Watcher| {
+        let mut v = View::default();
+        v.apply(initial(d).unwrap().0);
+        v.services()
+    };
+
+    // `a` moves from a.yaml to b.yaml.
+    std::fs::write(d.join("a.yaml"), "").unwrap();
+    std::fs::write(
+        d.join("b.yaml"),
+        format!("{}---\n{}", svc("b", "172.30.0.2"), svc("a", "172.30.0.11")),
+    )
+    .unwrap();
+    let events = w.poll(t).expect("the move is noticed");
+    assert!(
+        events.iter().all(|e| matches!(e, SourceEvent::Apply(_))),
+        "a move is no deletion: {events:?}"
+    );
+    assert!(services(&mut view, events).contains(&"a=172.30.0.11".to_string()));
+    assert_eq!(view.services(), complete(&w));
+
+    // A duplicate in a later file wins; when it goes, the earlier copy is back.
+    std::fs::write(d.join("c.yaml"), svc("b", "172.30.0.22")).unwrap();
+    view.apply(w.poll(t).expect("the duplicate is noticed"));
+    assert!(view.services().contains(&"b=172.30.0.22".to_string()));
+    std::fs::remove_file(d.join("c.yaml")).unwrap();
+    let reads = w.reads;
+    view.apply(w.poll(t).expect("the removal is noticed"));
+    assert!(view.services().contains(&"b=172.30.0.2".to_string()));
+    assert_eq!(
+        w.reads,
+        reads + 1,
+        "b.yaml's objects were not kept: it is read again for its copy of b"
+    );
+    assert!(
+        w.files
+            .values()
+            .all(|e| matches!(e.parsed, Ok(Objects::Known(_)))),
+        "reported objects are not kept"
+    );
+    assert_eq!(view.services(), complete(&w));
+
+    // The same Service with its namespace written out: the store's key changes.
+    std::fs::write(
+        d.join("d.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: { name: nons }\nspec: { clusterIP: 172.30.0.9, ports: [{ port: 80 }] }\n",
+    )
+    .unwrap();
+    view.apply(w.poll(t).expect("the new file is noticed"));
+    std::fs::write(
+        d.join("e.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: { name: nons, namespace: default }\nspec: { clusterIP: 172.30.0.10, ports: [{ port: 80 }] }\n",
+    )
+    .unwrap();
+    view.apply(w.poll(t).expect("the second copy is noticed"));
+    assert_eq!(
+        view.services()
+            .iter()
+            .filter(|s| s.starts_with("nons="))
+            .count(),
+        1,
+        "{:?}",
+        view.services()
+    );
+    assert_eq!(view.services(), complete(&w));
+
+    // One edit among many objects: that file's one object alone.
+    write_in_place(&d.join("a.yaml"), &svc("z", "172.30.0.26"));
+    let events = w.poll(t).expect("the edit is noticed");
+    assert_eq!(events.len(), 1, "{events:?}");
+    view.apply(events);
+    assert_eq!(view.services(), complete(&w));
+    assert_eq!(view.services().len(), 50 + 4);
+}
