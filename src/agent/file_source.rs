@@ -111,7 +111,7 @@ impl Known {
     }
 }
 
-fn object_key(key: &Key) -> ObjectKey {
+fn owned_key(key: &Key) -> ObjectKey {
     (key.0.to_string(), key.1.to_string())
 }
 
@@ -395,7 +395,7 @@ impl Watcher {
             // one copy and written as `default` in the other).
             let rekeyed = winners.get(id).is_some_and(|now| now.key != w.key);
             if rekeyed || !winners.contains_key(id) {
-                events.push(SourceEvent::Delete(w.kind, object_key(&w.key)));
+                events.push(SourceEvent::Delete(w.kind, owned_key(&w.key)));
             }
         }
         for (id, w) in &winners {

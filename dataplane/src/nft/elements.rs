@@ -114,11 +114,13 @@ impl Elements {
         self.0 = std::mem::take(&mut self.0).into_iter().collect();
     }
 
+    #[cfg(test)]
     pub fn clear(&mut self) {
         self.0.clear();
     }
 
     /// Take the first element out.
+    #[cfg(test)]
     pub fn pop_first(&mut self) -> Option<(String, Option<String>)> {
         self.0
             .pop_first()
