@@ -7,7 +7,8 @@
 //! SY_BENCH_RATE changes per second (100), SY_BENCH_SECONDS (60), SY_BENCH_MIN_SYNC (1ms),
 //! SY_BENCH_SYNC_PERIOD (30s), SY_BENCH_FOREIGN (0; 1: another program commits to nftables
 //! every second, so each periodic check has to read the kernel back), SY_BENCH_BIN (another
-//! agent binary, to compare two builds in one session).
+//! agent binary, to compare two builds in one session), SY_BENCH_LOG (the agent's
+//! `--log-level`, warn).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 #![allow(dead_code)]
@@ -65,6 +66,7 @@ fn main() {
     let min_sync: String = env_or("SY_BENCH_MIN_SYNC", "1ms".to_string());
     let sync_period: String = env_or("SY_BENCH_SYNC_PERIOD", "30s".to_string());
     let foreign: bool = env_or("SY_BENCH_FOREIGN", 0u8) == 1;
+    let log_level: String = env_or("SY_BENCH_LOG", "warn".to_string());
     let bin: String = env_or("SY_BENCH_BIN", env!("CARGO_BIN_EXE_switchyard").to_string());
     let ns = format!("sy-bench-agent-{}", std::process::id());
     if let Err(e) = netns::create_namespace(&ns) {
@@ -96,7 +98,7 @@ fn main() {
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .arg("--log-level")
-        .arg("warn")
+        .arg(&log_level)
         .spawn()
         .expect("start the agent");
     let started = Instant::now();

@@ -663,8 +663,8 @@ fn ipv6_session_affinity_is_written_where_nft_could_not() {
 }
 
 /// Our own commits do not wake our change listener: it leaves the notification group while
-/// they run, so the kernel builds no notification per element for them. Anyone else's
-/// commit to our table still wakes it.
+/// a large one runs, so the kernel builds no notification per element for it, and knows a
+/// small one by our socket's port. Anyone else's commit to our table still wakes it.
 #[test]
 fn our_commits_do_not_wake_our_listener_and_anyone_elses_do() {
     use std::time::Duration;
@@ -719,6 +719,92 @@ fn our_commits_do_not_wake_our_listener_and_anyone_elses_do() {
         wakes
             .recv_timeout(Duration::from_secs(5))
             .expect("a second foreign commit wakes the listener");
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// What lets the periodic check skip reading 100k elements back: commits by others to their
+/// own tables, seen by our listener, leave our tables known unchanged, across commits of
+/// ours both large (the listener out of the group) and small (announced to it); a commit by
+/// someone else to our table does not, nor do later ones. The real listener, the real
+/// kernel's notifications and generations, and `nft` as the other program.
+#[test]
+fn commits_elsewhere_keep_our_tables_known_unchanged_and_one_to_ours_does_not() {
+    use dataplane::backend::{Backend, Scope};
+    use std::time::{Duration, Instant};
+    let Some(guard) = Namespace::create("generations") else {
+        return;
+    };
+    netns::in_netns(&guard.0, || {
+        let mut be = NftBackend::new(NftKernel::default());
+        let subscribe = be.executor().change_notifications().expect("a listener");
+        let (woke, wakes) = std::sync::mpsc::channel();
+        let (ready, listening) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut wait = subscribe().expect("subscribed");
+            ready.send(()).unwrap();
+            while wait().is_ok() {
+                if woke.send(()).is_err() {
+                    return;
+                }
+            }
+        });
+        listening
+            .recv_timeout(Duration::from_secs(5))
+            .expect("listening");
+        let nft = |command: &str| {
+            let out = dataplane::process::run("nft", &[command], None).unwrap();
+            assert!(out.success, "nft {command}: {}", out.stderr);
+        };
+        // Within a bound: the listener sees a batch's end a moment after the commit.
+        let soon_unchanged = |be: &mut NftBackend<NftKernel>| {
+            let until = Instant::now() + Duration::from_secs(5);
+            while !be.kernel_unchanged() {
+                if Instant::now() > until {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            true
+        };
+
+        // A large first sync: thousands of elements, committed with the listener out.
+        let mut snap = dataplane::synth::cluster(300, 10);
+        let full = be.sync(&snap, Scope::RepairAll).expect("the first sync");
+        assert!(full.stats.elements_added > 3000, "{:?}", full.stats);
+        assert!(be.kernel_unchanged(), "only our commit since the read");
+        nft("add table ip someone-else");
+        assert!(soon_unchanged(&mut be), "a commit to another table");
+
+        // A small commit of ours, announced to our listener: it does not wake it, and the
+        // run of generations it vouches for goes on through it.
+        let name = ServicePortName::new("bench", "svc-7", "http", Protocol::Tcp);
+        dataplane::model::edit_endpoints(snap.endpoints.get_mut(&name).unwrap(), |eps| {
+            eps.pop();
+        });
+        let changed = [("bench".to_string(), "svc-7".to_string())].into();
+        let small = be
+            .sync(&snap, Scope::Services(&changed))
+            .expect("a partial sync");
+        assert!(!small.full && small.stats.operations() > 0);
+        nft("add chain ip someone-else input");
+        assert!(soon_unchanged(&mut be), "ours, then theirs elsewhere");
+        assert!(
+            wakes.recv_timeout(Duration::from_millis(300)).is_err(),
+            "neither our own commit nor one elsewhere wakes the listener"
+        );
+
+        // Someone else changes our table: it wakes the listener, and from then on only a
+        // read can tell, whatever else commits.
+        nft("add element ip switchyard cluster-ips { 172.31.0.1 }");
+        wakes
+            .recv_timeout(Duration::from_secs(5))
+            .expect("a commit to our table wakes the listener");
+        assert!(!be.kernel_unchanged());
+        nft("delete table ip someone-else");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!be.kernel_unchanged(), "a later commit elsewhere");
         Ok(())
     })
     .unwrap();

@@ -106,9 +106,9 @@ impl Agent {
         }
     }
 
-    /// Someone committed to nf_tables, maybe us. When the kernel's generation is not the
-    /// one our own commits account for, somebody else changed something: read our tables
-    /// back now and repair, rather than at the next periodic check (up to syncPeriod later).
+    /// Someone else's commit named our table (or notifications were lost). Unless the
+    /// generations since the kernel last matched all prove harmless, read our tables back
+    /// now and repair, rather than at the next periodic check (up to syncPeriod later).
     pub(super) fn commit_seen(&mut self) {
         if self.checking {
             return;

@@ -191,8 +191,8 @@ async fn run_async(
     // (perf: allocate_slab and __nlmsg_put). Until the first sync there is nothing of ours
     // to watch over, and what came before it is seen by its own read of the kernel (and
     // anything between its commit and the subscription by the generation check). Later
-    // commits take the listener out of the group while they run (`NftKernel`); this keeps
-    // the first one from racing the listener's start.
+    // large commits take the listener out of the group while they run (`NftKernel`); this
+    // keeps the first one from racing the listener's start.
     let mut subscribe = backend.change_notifications();
     let mut commits_rx = watch_changes(None);
     let mut agent = Agent {
@@ -364,8 +364,9 @@ impl Agent {
         // In iptables mode the periodic sync is a full one, as kube-proxy's: iptables-save
         // shows what is gone and the restore puts everything back.
         if full && !required && self.backend.upkeep().read_back {
-            // The periodic full sync. If nobody else committed to nftables since the kernel
-            // last matched, it still does, and one generation request says so. Otherwise
+            // The periodic full sync. If nobody else changed our tables since the kernel
+            // last matched (commits to other tables, seen by the change listener, do not
+            // count), it still does, and one generation request says so. Otherwise
             // the kernel is read back; 100k elements take it most of a second, so the read
             // runs beside the syncs, and a full sync follows only if the kernel turns out
             // changed. A check still in flight covers this period.
@@ -375,7 +376,7 @@ impl Agent {
                     .with_label_values(&["generation"])
                     .inc();
                 tracing::debug!(
-                    "periodic check: only our own commits since the kernel last matched"
+                    "periodic check: nobody else changed our tables since the kernel last matched"
                 );
                 self.schedule.periodic_deferred(started);
                 full = false;

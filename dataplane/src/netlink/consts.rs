@@ -47,6 +47,7 @@ pub const NFT_MSG_GETSET: u16 = 10;
 pub const NFT_MSG_NEWSETELEM: u16 = 12;
 pub const NFT_MSG_GETSETELEM: u16 = 13;
 pub const NFT_MSG_DELSETELEM: u16 = 14;
+pub const NFT_MSG_NEWGEN: u16 = 15;
 pub const NFT_MSG_GETGEN: u16 = 16;
 
 // nf_tables attributes of tables, chains, rules, sets, elements and the generation.

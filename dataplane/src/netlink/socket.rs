@@ -109,6 +109,9 @@ pub struct Message<'a> {
     pub kind: u16,
     pub flags: u16,
     pub seq: u32,
+    /// The port of the socket the message came from or answers (for a notification, the
+    /// socket whose request caused it).
+    pub pid: u32,
     /// What follows the netlink header.
     pub body: &'a [u8],
     /// For NLMSG_ERROR, the errno (0 acknowledges); `None` for any other message.
@@ -134,6 +137,7 @@ fn split(mut rest: &[u8]) -> Result<Vec<Message<'_>>, &'static str> {
             kind,
             flags: nl.flags(),
             seq: nl.sequence_number(),
+            pid: nl.port_number(),
             body,
             errno,
         });
@@ -234,6 +238,15 @@ impl Socket {
             socket: self.socket.clone(),
             group,
         }
+    }
+
+    /// The port the kernel gave this socket.
+    pub fn port(&self) -> Result<u32, NetlinkError> {
+        let mut addr = SocketAddr::new(0, 0);
+        self.socket
+            .get_address(&mut addr)
+            .map_err(|e| self.io_error("getsockname", e))?;
+        Ok(addr.port_number())
     }
 
     /// The underlying socket, for socket options.

@@ -3,14 +3,17 @@
 //! another firewall, `nft flush ruleset`), each naming its table. The agent listens here
 //! so that a change to its own tables is looked at at once instead of at the next periodic
 //! check, without polling; changes to other programs' tables (a CNI plugin adding rules per
-//! pod) do not wake it.
+//! pod) do not wake it, but the generations they made are noted as leaving ours alone
+//! ([`Generations`]).
 
+use super::generations::Generations;
 use super::tables::TABLE;
 use crate::netlink::{
-    attrs, Membership, NetlinkError, Socket, NETLINK_NETFILTER, NFNLGRP_NFTABLES,
-    NFNL_SUBSYS_NFTABLES, NFTA_ANY_TABLE,
+    attrs, be32, find, Membership, NetlinkError, Socket, NETLINK_NETFILTER, NFNLGRP_NFTABLES,
+    NFNL_SUBSYS_NFTABLES, NFTA_ANY_TABLE, NFTA_GEN_ID, NFT_MSG_NEWGEN,
 };
 use nix::errno::Errno::ENOBUFS;
+use std::sync::Mutex;
 
 /// A subscription to the commit notifications of the calling thread's network namespace.
 pub struct Commits {
@@ -33,17 +36,28 @@ impl Commits {
         self.socket.membership(NFNLGRP_NFTABLES)
     }
 
-    /// Block until a change to a table named like ours is announced; how many such
-    /// messages were in what was read. Lost notifications (a full queue) count as one:
-    /// anything may have changed.
-    pub fn wait(&mut self) -> Result<usize, NetlinkError> {
+    /// Block until someone else's change to a table named like ours is announced; how
+    /// many such messages were in what was read. Every batch's end is noted in `seen`.
+    /// Lost notifications (a full queue) count as one change: anything may have changed.
+    pub fn wait(&mut self, seen: &Mutex<Generations>) -> Result<usize, NetlinkError> {
         loop {
             match self.socket.receive("commit notifications") {
                 Ok(messages) => {
-                    let n = messages
+                    let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut n = 0;
+                    for m in messages
                         .iter()
-                        .filter(|m| m.kind >> 8 == NFNL_SUBSYS_NFTABLES && names_our_table(m.body))
-                        .count();
+                        .filter(|m| m.kind >> 8 == NFNL_SUBSYS_NFTABLES)
+                    {
+                        if m.kind & 0xff == NFT_MSG_NEWGEN {
+                            match generation_of(m.body) {
+                                Some(g) => seen.committed(g),
+                                None => seen.lost(),
+                            }
+                        } else if seen.announced(m.pid, names_our_table(m.body)) {
+                            n += 1;
+                        }
+                    }
                     if n > 0 {
                         return Ok(n);
                     }
@@ -55,12 +69,18 @@ impl Commits {
                     tracing::info!(
                         "the kernel's change notifications overflowed (ENOBUFS, some were lost): looking at our tables"
                     );
+                    seen.lock().unwrap_or_else(|p| p.into_inner()).lost();
                     return Ok(1);
                 }
                 Err(e) => return Err(e),
             }
         }
     }
+}
+
+/// The generation a NEWGEN notification announces.
+fn generation_of(body: &[u8]) -> Option<u32> {
+    find(body.get(4..)?, NFTA_GEN_ID).and_then(be32)
 }
 
 /// Whether a notification's body (nfgenmsg, then attributes) names our table.

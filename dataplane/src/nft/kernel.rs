@@ -3,6 +3,7 @@
 
 use super::diff::{apply, Op, Transaction};
 use super::elements::Elements;
+use super::generations::Generations;
 use super::listing::{parse_table, ListingError};
 use super::netlink::Reader;
 use super::skeleton::MAP_AFFINITY;
@@ -12,6 +13,7 @@ use crate::backend::{BackendError, Subscribe, WaitForChange};
 use crate::model::IpFamily;
 use crate::netlink::NetlinkError;
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// What can go wrong talking to nft.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +106,12 @@ pub trait NftExecutor {
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
         Ok(None)
     }
+    /// Whether every generation after `from` up to `to` is known to have left our tables
+    /// as they were: ours, or someone else's commit to other tables. False when this
+    /// executor cannot tell.
+    fn unchanged_between(&self, _from: u32, _to: u32) -> bool {
+        false
+    }
     /// A read of our tables (and the generation it saw, when no commit overlapped it) that
     /// can run on another thread, for the periodic check; `None` when this executor has
     /// none.
@@ -133,6 +141,13 @@ pub fn next_generation(g: u32) -> u32 {
     }
 }
 
+/// Transactions with more elements and rules than this are committed with our listener out
+/// of the notification group: while anyone listens, the kernel builds a notification per
+/// element a batch adds, which made a 10k x 10 load take seconds longer in the kernel
+/// (perf: allocate_slab, __nlmsg_put). Smaller ones are announced to it, so that it sees
+/// every generation (ours it knows by the socket's port, and they do not wake it).
+const QUIET_ABOVE: usize = 1000;
+
 /// The real executor: nf_tables over netlink, reads and writes alike; no `nft` process.
 /// Commits and generation requests go through one socket kept open (see
 /// [`crate::netlink::Batch::commit_on`]), in the network namespace of the thread that used
@@ -141,12 +156,14 @@ pub fn next_generation(g: u32) -> u32 {
 pub struct NftKernel {
     socket: Option<crate::netlink::Socket>,
     /// Our own change listener's membership, once it listens: it leaves the notification
-    /// group while our commits run. While anyone listens, the kernel builds a notification
-    /// per element a batch adds, which made a 10k x 10 load take seconds longer in the
-    /// kernel (perf: allocate_slab, __nlmsg_put); and our own commits need not wake us.
-    /// A foreign commit in that window still moves the generation past ours, which the
-    /// periodic check sees.
-    listening: std::sync::Arc<std::sync::Mutex<Option<crate::netlink::Membership>>>,
+    /// group while a large commit of ours runs ([`QUIET_ABOVE`]).
+    listening: Arc<Mutex<Option<crate::netlink::Membership>>>,
+    /// The generations the listener saw, and what each did to our tables.
+    seen: Arc<Mutex<Generations>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl std::fmt::Debug for NftKernel {
@@ -161,10 +178,10 @@ impl NftKernel {
     /// The kept socket, opened first if need be.
     fn socket(&mut self) -> Result<&mut crate::netlink::Socket, NetlinkError> {
         if self.socket.is_none() {
-            self.socket = Some(crate::netlink::Socket::open(
-                crate::netlink::NETLINK_NETFILTER,
-                "nfnetlink",
-            )?);
+            let socket =
+                crate::netlink::Socket::open(crate::netlink::NETLINK_NETFILTER, "nfnetlink")?;
+            lock(&self.seen).own_port(socket.port()?);
+            self.socket = Some(socket);
         }
         self.socket.as_mut().ok_or_else(|| NetlinkError::Malformed {
             op: "nfnetlink socket".into(),
@@ -172,10 +189,16 @@ impl NftKernel {
         })
     }
 
-    /// Commits `tx` on the kept socket, our listener out of the group meanwhile; an error
-    /// drops the socket.
+    /// Commits `tx` on the kept socket, a large one with our listener out of the group
+    /// meanwhile; an error drops the socket.
     fn commit(&mut self, tx: &Transaction) -> Result<(), CommitError> {
-        let listener = self.listening.lock().ok().and_then(|l| l.clone());
+        let stats = tx.stats();
+        let size = stats.elements_added + stats.elements_deleted + stats.rules_written;
+        let listener = lock(&self.listening).clone().filter(|_| size > QUIET_ABOVE);
+        if listener.is_some() {
+            // Until the next generation request, what the listener sees may lack its start.
+            lock(&self.seen).leaving();
+        }
         let left = listener.as_ref().is_some_and(|m| m.leave().is_ok());
         let result = match self.socket() {
             Ok(socket) => super::wire::commit_on(tx, socket),
@@ -264,10 +287,15 @@ impl NftExecutor for NftKernel {
         // On the kept socket: asked after every commit, and a socket closed then would
         // wait for that commit's clean-up.
         let result = super::netlink::generation_on(self.socket()?);
-        if result.is_err() {
-            self.socket = None;
+        match result {
+            Ok(g) => lock(&self.seen).back_at(g),
+            Err(_) => self.socket = None,
         }
         Ok(Some(result?))
+    }
+
+    fn unchanged_between(&self, from: u32, to: u32) -> bool {
+        lock(&self.seen).unchanged_between(from, to)
     }
 
     fn background_read(&self) -> Option<BackgroundRead> {
@@ -276,16 +304,14 @@ impl NftExecutor for NftKernel {
 
     /// nf_tables' commit notifications (NFNLGRP_NFTABLES), only those naming our table.
     fn change_notifications(&self) -> Option<Subscribe> {
-        let listening = self.listening.clone();
+        let (listening, seen) = (self.listening.clone(), self.seen.clone());
         Some(Box::new(move || {
             let mut commits =
                 super::commits::Commits::subscribe().map_err(|e| BackendError::new("read", e))?;
-            if let Ok(mut l) = listening.lock() {
-                *l = Some(commits.membership());
-            }
+            *lock(&listening) = Some(commits.membership());
             let wait: WaitForChange = Box::new(move || {
                 commits
-                    .wait()
+                    .wait(&seen)
                     .map(|_| ())
                     .map_err(|e| BackendError::new("read", e))
             });
@@ -347,13 +373,23 @@ pub struct FakeNft {
     pub fail_family: Option<IpFamily>,
     /// The affinity map's entries, as the packet path would have filled them.
     pub remembered: BTreeMap<IpFamily, Elements>,
+    /// What a change listener would have seen of every commit.
+    pub seen: Generations,
 }
 
 impl FakeNft {
-    /// Someone else commits to the kernel.
+    /// Someone else commits to our tables.
     pub fn foreign(&mut self, change: impl FnOnce(&mut Ruleset)) {
         change(&mut self.state);
         self.generation = next_generation(self.generation);
+        self.seen.announced(u32::MAX, true);
+        self.seen.committed(self.generation);
+    }
+
+    /// Someone else commits to a table of their own.
+    pub fn foreign_elsewhere(&mut self) {
+        self.generation = next_generation(self.generation);
+        self.seen.committed(self.generation);
     }
 }
 
@@ -373,11 +409,16 @@ impl NftExecutor for FakeNft {
         self.last = Some(tx.clone());
         self.applied += 1;
         self.generation = next_generation(self.generation);
+        self.seen.committed(self.generation);
         Ok(())
     }
 
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
         Ok(Some(self.generation))
+    }
+
+    fn unchanged_between(&self, from: u32, to: u32) -> bool {
+        self.seen.unchanged_between(from, to)
     }
 
     fn background_read(&self) -> Option<BackgroundRead> {

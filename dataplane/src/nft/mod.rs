@@ -6,6 +6,7 @@ pub mod affinity;
 pub mod commits;
 pub mod diff;
 pub mod elements;
+pub mod generations;
 pub mod kernel;
 pub mod listing;
 pub mod netlink;
@@ -104,14 +105,22 @@ impl<E: NftExecutor> NftBackend<E> {
         Some(differences)
     }
 
-    /// Whether nobody but us has committed to nftables since the kernel was last known to
+    /// Whether nobody but us has changed our tables since the kernel was last known to
     /// hold what we programmed, so that it still does: one generation request instead of
-    /// reading 100k elements back. False when that cannot be told.
+    /// reading 100k elements back. Commits by others to their own tables leave it so when
+    /// the change listener saw them. False when that cannot be told.
     pub fn kernel_unchanged(&mut self) -> bool {
-        if self.applied.is_none() || self.held_at.is_none() {
+        let (Some(_), Some(held)) = (&self.applied, self.held_at) else {
+            return false;
+        };
+        let Ok(Some(now)) = self.exec.generation() else {
+            return false;
+        };
+        if now != held && !self.exec.unchanged_between(held, now) {
             return false;
         }
-        matches!(self.exec.generation(), Ok(g) if g.is_some() && g == self.held_at)
+        self.held_at = Some(now);
+        true
     }
 
     /// Read the kernel, and the generation it was read at if no commit overlapped.
@@ -157,10 +166,18 @@ impl<E: NftExecutor> NftBackend<E> {
             };
         }
         // Our commit moved the generation on by one; more means someone else's came
-        // between. A failure to ask only costs the next periodic check a read.
+        // between, which the change listener may have seen leave our tables alone (then,
+        // or once it catches up: the held generation stays for [`Self::kernel_unchanged`]
+        // to try again). A failure to ask only costs the next periodic check a read.
         let now = self.exec.generation().ok().flatten();
         self.held_at = match (held, now) {
-            (Some(h), Some(g)) if g == kernel::next_generation(h) => Some(g),
+            (Some(h), Some(g))
+                if g == kernel::next_generation(h)
+                    || self.exec.unchanged_between(h, generations::previous(g)) =>
+            {
+                Some(g)
+            }
+            (Some(h), Some(_)) => Some(h),
             _ => None,
         };
         Ok(())

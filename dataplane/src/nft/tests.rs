@@ -1,7 +1,7 @@
 //! Logic tests of the nftables backend on the fake executor.
 
 use super::diff::{apply, diff, Op};
-use super::kernel::FakeNft;
+use super::kernel::{next_generation, FakeNft};
 use super::plan;
 use super::tables::Ruleset;
 use super::NftBackend;
@@ -293,6 +293,43 @@ fn only_our_own_commits_since_the_last_match_prove_the_kernel_unchanged() {
     assert!(be.kernel_unchanged());
     be.exec.fail_next = true;
     assert!(be.sync(&s3, Scope::Services(&changed)).is_err());
+    assert!(!be.kernel_unchanged());
+}
+
+#[test]
+fn commits_by_others_to_their_own_tables_keep_the_kernel_unchanged_and_one_to_ours_does_not() {
+    let mut be = NftBackend::new(FakeNft::default());
+    let one = port("a", "b", "172.30.0.1", 80);
+    let changed = [("a".to_string(), "b".to_string())].into();
+    be.sync(
+        &snapshot(vec![(one.clone(), vec!["10.0.0.1"])]),
+        Scope::AllServices,
+    )
+    .unwrap();
+    assert!(be.kernel_unchanged());
+
+    // A CNI plugin commits to its own table, before and between commits of ours.
+    be.exec.foreign_elsewhere();
+    assert!(be.kernel_unchanged(), "a commit elsewhere, seen");
+    be.exec.foreign_elsewhere();
+    let s2 = snapshot(vec![(one.clone(), vec!["10.0.0.1", "10.0.0.2"])]);
+    be.sync(&s2, Scope::Services(&changed)).unwrap();
+    be.exec.foreign_elsewhere();
+    assert!(be.kernel_unchanged(), "ours and theirs interleaved");
+
+    // One the listener did not see (our commit ran without it) cannot be vouched for.
+    be.exec.generation = next_generation(be.exec.generation);
+    assert!(!be.kernel_unchanged());
+    be.sync(&s2, Scope::RepairAll).unwrap();
+    assert!(be.kernel_unchanged(), "a full sync read the kernel again");
+
+    // Someone else's commit to our table: only a read can tell, now and after later
+    // commits of ours and theirs.
+    be.exec.foreign(|_| {});
+    assert!(!be.kernel_unchanged());
+    let s3 = snapshot(vec![(one.clone(), vec!["10.0.0.3"])]);
+    be.sync(&s3, Scope::Services(&changed)).unwrap();
+    be.exec.foreign_elsewhere();
     assert!(!be.kernel_unchanged());
 }
 

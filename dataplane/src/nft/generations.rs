@@ -1,0 +1,203 @@
+//! Which nf_tables generations the change listener saw committed, and whether each one left
+//! our tables alone: what lets the periodic check tell from one generation request that
+//! the kernel still holds what we programmed while other programs (a CNI plugin, a
+//! firewall) commit to their own tables. Without it every foreign commit meant reading our
+//! tables back, and at 100k services the kernel's dump of a 1M-element map takes it tens of
+//! seconds (`rhashtable_walk_next` restarts from the first element for every 32 KB of
+//! reply).
+//!
+//! The kernel announces a committed batch as one notification per object it added or
+//! deleted, each carrying the committing socket's port, then `NFT_MSG_NEWGEN` with the
+//! generation the batch made. Batches do not interleave: all of it is sent under the
+//! commit mutex.
+
+use super::kernel::next_generation;
+
+/// The generation before `g` (the kernel skips 0 when its counter wraps).
+pub fn previous(g: u32) -> u32 {
+    match g.wrapping_sub(1) {
+        0 => u32::MAX,
+        p => p,
+    }
+}
+
+/// What the listener saw, fed from its thread; asked by the commit path.
+#[derive(Debug, Default, Clone)]
+pub struct Generations {
+    /// The port of the socket our own commits go through: its batches are ours.
+    own_port: Option<u32>,
+    /// The batch being announced named our table and was not ours, or part of what came
+    /// before its generation may have been missed.
+    open_changed: bool,
+    /// Every generation after `.0` up to and including `.1` was seen, and each was ours or
+    /// left our tables alone.
+    run: Option<(u32, u32)>,
+    /// The listener is out of the group or just back in it: a batch announced across its
+    /// return shows only its end, so whatever it sees now counts as a change.
+    rejoining: bool,
+    /// Generations up to this one were committed before the listener was back in the
+    /// group: each counts as a change.
+    doubtful_up_to: Option<u32>,
+}
+
+impl Generations {
+    /// Our commits now go through the socket with this port.
+    pub fn own_port(&mut self, port: u32) {
+        self.own_port = Some(port);
+    }
+
+    /// A notification of one object, from the socket with `port`; true when it is someone
+    /// else's change to our table.
+    pub fn announced(&mut self, port: u32, names_our_table: bool) -> bool {
+        let theirs = names_our_table && self.own_port != Some(port);
+        self.open_changed |= theirs;
+        theirs
+    }
+
+    /// The end of a batch: the kernel moved to `generation`.
+    pub fn committed(&mut self, generation: u32) {
+        let doubtful = self.doubtful_up_to.is_some_and(|d| !later(generation, d));
+        if !doubtful {
+            self.doubtful_up_to = None;
+        }
+        let changed = std::mem::take(&mut self.open_changed) || self.rejoining || doubtful;
+        self.run = Some(match self.run {
+            _ if changed => (generation, generation),
+            Some((from, to)) if next_generation(to) == generation => (from, generation),
+            _ => (previous(generation), generation),
+        });
+    }
+
+    /// Notifications were lost (the socket's queue overflowed): the batch whose end comes
+    /// next may have named our table.
+    pub fn lost(&mut self) {
+        self.open_changed = true;
+    }
+
+    /// The listener leaves the group while a commit of ours runs.
+    pub fn leaving(&mut self) {
+        self.rejoining = true;
+    }
+
+    /// The kernel was at `generation` after the listener was back in the group: whatever
+    /// was committed up to it may have been seen in part.
+    pub fn back_at(&mut self, generation: u32) {
+        if self.rejoining {
+            self.rejoining = false;
+            self.doubtful_up_to = Some(generation);
+        }
+    }
+
+    /// Whether every generation after `from` up to `to` was seen and left our tables as
+    /// they were (or was ours).
+    pub fn unchanged_between(&self, from: u32, to: u32) -> bool {
+        if from == to {
+            return true;
+        }
+        let Some((start, end)) = self.run else {
+            return false;
+        };
+        let at = |g: u32| g.wrapping_sub(start);
+        at(from) <= at(to) && at(to) <= at(end)
+    }
+}
+
+/// Whether generation `a` came after `b` (within half the counter's range).
+fn later(a: u32, b: u32) -> bool {
+    a != b && a.wrapping_sub(b) < 1 << 31
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OURS: u32 = 7;
+    const THEIRS: u32 = 9;
+
+    fn seen() -> Generations {
+        let mut g = Generations::default();
+        g.own_port(OURS);
+        g
+    }
+
+    #[test]
+    fn commits_elsewhere_and_our_own_keep_the_kernel_unchanged_and_one_to_our_table_does_not() {
+        let mut g = seen();
+        // Someone else's table.
+        assert!(!g.announced(THEIRS, false));
+        g.committed(11);
+        // Ours.
+        assert!(!g.announced(OURS, true));
+        g.committed(12);
+        assert!(g.unchanged_between(10, 12));
+        assert!(g.unchanged_between(11, 12));
+        assert!(!g.unchanged_between(9, 12), "generation 10 was not seen");
+        assert!(
+            !g.unchanged_between(10, 13),
+            "generation 13 was not seen yet"
+        );
+        // Someone else changes our table.
+        assert!(g.announced(THEIRS, true));
+        g.committed(13);
+        assert!(!g.unchanged_between(12, 13));
+        assert!(!g.unchanged_between(10, 13));
+        // Later commits elsewhere are fine again, from the changed generation on.
+        g.committed(14);
+        assert!(g.unchanged_between(13, 14));
+        assert!(!g.unchanged_between(12, 14));
+    }
+
+    #[test]
+    fn a_generation_never_seen_breaks_the_run() {
+        let mut g = seen();
+        g.committed(20);
+        g.committed(21);
+        // 22 went by unseen (the listener was out of the group).
+        g.committed(23);
+        assert!(g.unchanged_between(22, 23));
+        assert!(!g.unchanged_between(20, 23));
+        assert!(!Generations::default().unchanged_between(1, 2));
+        assert!(Generations::default().unchanged_between(5, 5));
+    }
+
+    #[test]
+    fn lost_notifications_make_the_next_batch_a_change() {
+        let mut g = seen();
+        g.committed(30);
+        g.lost();
+        g.committed(31);
+        assert!(!g.unchanged_between(30, 31));
+        g.committed(32);
+        assert!(g.unchanged_between(31, 32));
+    }
+
+    #[test]
+    fn batches_seen_across_a_return_to_the_group_count_as_changes() {
+        let mut g = seen();
+        g.committed(40);
+        g.leaving();
+        // Announced while the listener was coming back: maybe only its end was seen.
+        g.committed(42);
+        assert!(!g.unchanged_between(41, 42));
+        g.back_at(43);
+        // Committed before the listener was back, handled after.
+        g.committed(43);
+        assert!(!g.unchanged_between(42, 43));
+        // Wholly after.
+        g.committed(44);
+        assert!(g.unchanged_between(43, 44));
+    }
+
+    #[test]
+    fn the_counter_wraps_past_zero() {
+        let mut g = seen();
+        g.committed(u32::MAX - 1);
+        g.committed(u32::MAX);
+        g.committed(1);
+        assert!(g.unchanged_between(u32::MAX - 2, 1));
+        assert!(g.unchanged_between(u32::MAX, 1));
+        assert!(!g.unchanged_between(u32::MAX - 3, 1));
+        assert!(later(1, u32::MAX));
+        assert!(!later(u32::MAX, 1));
+    }
+}
