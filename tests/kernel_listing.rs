@@ -810,6 +810,49 @@ fn commits_elsewhere_keep_our_tables_known_unchanged_and_one_to_ours_does_not() 
     .unwrap();
 }
 
+/// A set over the read limit (at 100k services the 1M-element backends map, which the
+/// kernel takes 40 s to dump) is not read back: a restarted agent flushes it and fills it
+/// in its one commit (a netlink deletion naming no element, as `nft flush set`), and the
+/// kernel then holds exactly what it wants, whatever someone else did to the map.
+#[test]
+fn a_set_too_large_to_read_back_is_flushed_and_filled_in_one_commit() {
+    use dataplane::backend::{Backend, Scope};
+    let Some(guard) = Namespace::create("flushfill") else {
+        return;
+    };
+    let snap = snapshot();
+    netns::in_netns(&guard.0, || {
+        NftBackend::new(NftKernel::default())
+            .sync(&snap, Scope::RepairAll)
+            .expect("the first agent's sync");
+        let want = NftKernel::default().read().unwrap();
+        let map = &want.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS].elements;
+        assert!(map.len() > 20, "{}", map.len());
+        let (key, value) = map.iter().next().unwrap();
+        let (front, _) = key.rsplit_once(" . ").unwrap();
+        let nft = |command: String| {
+            let out = dataplane::process::run("nft", &[&command], None).unwrap();
+            assert!(out.success, "{command}: {}", out.stderr);
+        };
+        nft(format!("delete element ip switchyard backends {{ {key} }}"));
+        nft(format!(
+            "add element ip switchyard backends {{ {front} . 99 : {} }}",
+            value.unwrap()
+        ));
+
+        let mut restarted = NftBackend::new(NftKernel::default()).with_read_limit(20);
+        restarted
+            .sync(&snap, Scope::RepairAll)
+            .expect("the restarted agent's sync");
+        assert_eq!(NftKernel::default().read().unwrap(), want);
+        // Again, with nothing to change: a flush and the same elements again.
+        restarted.sync(&snap, Scope::RepairAll).expect("a repair");
+        assert_eq!(NftKernel::default().read().unwrap(), want);
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// A pod CIDR of the whole address space (`0.0.0.0/0`, `::/0`) compares no bytes at all,
 /// which the kernel refuses as a zero-length load: it is written as one byte masked to
 /// nothing, and the table goes in, with every source local.

@@ -244,6 +244,14 @@ pub struct Readback(pub Box<dyn std::any::Any + Send>);
 /// A read of the kernel to run on a blocking thread.
 pub type ReadJob = Box<dyn FnOnce() -> Result<Readback, BackendError> + Send>;
 
+/// How a check of the kernel goes on.
+pub enum CheckStart {
+    /// Run the read off the event loop and hand it to [`Backend::finish_check`].
+    Read(ReadJob),
+    /// Reading back would cost the kernel more than a full sync: sync in full instead.
+    Repair,
+}
+
 /// What comparing a read-back with what was programmed found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CheckResult {
@@ -332,9 +340,9 @@ pub trait Backend {
         false
     }
 
-    /// Start a read-back check: the read to run off the event loop, or `None` when there is
-    /// nothing committed to check against.
-    fn begin_check(&mut self) -> Option<ReadJob> {
+    /// Start a read-back check: the read to run off the event loop (or a full sync instead),
+    /// or `None` when there is nothing committed to check against.
+    fn begin_check(&mut self) -> Option<CheckStart> {
         None
     }
 

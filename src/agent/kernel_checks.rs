@@ -3,7 +3,7 @@
 //! iptables mode's canary chains.
 
 use super::{Agent, KernelRead};
-use dataplane::backend::Subscribe;
+use dataplane::backend::{CheckStart, Subscribe};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -125,10 +125,24 @@ impl Agent {
         self.start_check(Instant::now());
     }
 
-    /// Read the kernel back in the background; [`Self::checked`] gets the result.
+    /// Read the kernel back in the background; [`Self::checked`] gets the result. Where
+    /// the read would cost more than a repair (100k services: the kernel's dump of a 1M
+    /// element map takes it tens of seconds), the next sync is a full one instead.
     pub(super) fn start_check(&mut self, now: Instant) {
-        let Some(read) = self.backend.begin_check() else {
-            return;
+        let read = match self.backend.begin_check() {
+            None => return,
+            Some(CheckStart::Read(read)) => read,
+            Some(CheckStart::Repair) => {
+                self.metrics
+                    .kernel_checks_by
+                    .with_label_values(&["repair"])
+                    .inc();
+                tracing::info!(
+                    "checking the kernel: our tables are too large to read back; repairing them with a full sync"
+                );
+                self.schedule.require_full();
+                return;
+            }
         };
         self.checking = true;
         let tx = self.checked_tx.clone();

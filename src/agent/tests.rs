@@ -7,7 +7,7 @@ use super::*;
 use crate::config::ProxyConfig;
 use crate::manifests::Object;
 use crate::snapshot::NodeAddressSource;
-use dataplane::backend::{CheckResult, ReadJob, Upkeep};
+use dataplane::backend::{CheckResult, CheckStart, Upkeep};
 use dataplane::conntrack::Flow;
 use dataplane::model::{IpFamily, Snapshot};
 use k8s_openapi::api::core::v1::Service;
@@ -24,6 +24,8 @@ struct Script {
     fail_next: Option<Option<IpFamily>>,
     unchanged: bool,
     checks_begun: usize,
+    /// The kernel's state is too large to read back: checks repair instead.
+    too_large: bool,
     check: Option<CheckResult>,
 }
 
@@ -75,9 +77,13 @@ impl Backend for FakeBackend {
         self.0.lock().unwrap().unchanged
     }
 
-    fn begin_check(&mut self) -> Option<ReadJob> {
-        self.0.lock().unwrap().checks_begun += 1;
-        Some(Box::new(|| Ok(Readback(Box::new(())))))
+    fn begin_check(&mut self) -> Option<CheckStart> {
+        let mut s = self.0.lock().unwrap();
+        s.checks_begun += 1;
+        if s.too_large {
+            return Some(CheckStart::Repair);
+        }
+        Some(CheckStart::Read(Box::new(|| Ok(Readback(Box::new(()))))))
     }
 
     fn finish_check(&mut self, _read: &Readback) -> Option<CheckResult> {
@@ -311,6 +317,30 @@ async fn the_periodic_full_sync_gives_way_to_a_check_when_nobody_else_committed(
     assert_eq!(r.scopes(), ["full", "nothing", "nothing"]);
     assert_eq!(r.script.lock().unwrap().checks_begun, 1);
     assert!(r.agent.checking);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_of_tables_too_large_to_read_back_is_a_full_sync() {
+    let mut r = rig();
+    r.agent.record(service("web", "10.96.0.20", "TCP"));
+    r.agent.sync();
+    r.script.lock().unwrap().too_large = true;
+    // The periodic check: no read, the same sync is the full one.
+    periodic_due(&mut r.agent);
+    r.agent.sync();
+    assert_eq!(r.scopes(), ["full", "full"]);
+    assert!(!r.agent.checking);
+    assert!(r
+        .agent
+        .metrics
+        .render()
+        .contains("switchyard_kernel_checks_total{method=\"repair\"} 1"));
+    // Someone else's commit to our table: the next sync repairs.
+    r.agent.commit_seen();
+    assert!(r.agent.schedule.full_required());
+    r.agent.sync();
+    assert_eq!(r.scopes(), ["full", "full", "full"]);
+    assert!(!r.agent.schedule.full_required());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 /// is a delete and an add).
 pub fn may_strand(tx: &Transaction) -> bool {
     tx.ops.iter().any(|op| match op {
-        Op::DeleteElements { set, .. } => {
+        Op::DeleteElements { set, .. } | Op::FlushSet { set, .. } => {
             BACKEND_MAPS.contains(&set.as_str()) || set == MAP_AFFINITY_FRONTENDS
         }
         Op::DeleteTable(_) | Op::DeleteChain { .. } => true,

@@ -55,6 +55,11 @@ pub enum Op {
         set: String,
         keys: Vec<String>,
     },
+    /// Every element of a set out.
+    FlushSet {
+        family: IpFamily,
+        set: String,
+    },
 }
 
 impl Op {
@@ -68,7 +73,8 @@ impl Op {
             | Op::AddRule { family, .. }
             | Op::DeleteChain { family, .. }
             | Op::AddElements { family, .. }
-            | Op::DeleteElements { family, .. } => *family,
+            | Op::DeleteElements { family, .. }
+            | Op::FlushSet { family, .. } => *family,
         }
     }
 }
@@ -113,6 +119,8 @@ impl Transaction {
                 Op::DeleteChain { .. } => s.chains_deleted += 1,
                 Op::AddElements { elements, .. } => s.elements_added += elements.len(),
                 Op::DeleteElements { keys, .. } => s.elements_deleted += keys.len(),
+                // How many it held is not known.
+                Op::FlushSet { .. } => {}
             }
         }
         // A chain counts as written when it got rules in this transaction.
@@ -268,6 +276,9 @@ fn write_op(out: &mut String, op: &Op) {
         Op::DeleteElements { family, set, keys } => {
             write_elements(out, "delete", *family, set, keys.iter().cloned())
         }
+        Op::FlushSet { family, set } => {
+            let _ = writeln!(out, "flush set {} {TABLE} {set}", family_name(*family));
+        }
     }
 }
 
@@ -412,6 +423,25 @@ fn update_table(tx: &mut Transaction, family: IpFamily, old: &Table, new: &Table
     let none = Set::default();
     for (name, set) in &new.sets {
         let o = old.sets.get(name).unwrap_or(&none);
+        if o.unread {
+            // What it holds is not known: all of it goes, all we want goes in.
+            tx.ops.push(Op::FlushSet {
+                family,
+                set: name.clone(),
+            });
+            if !set.elements.is_empty() {
+                adds.push(Op::AddElements {
+                    family,
+                    set: name.clone(),
+                    elements: set
+                        .elements
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+                        .collect(),
+                });
+            }
+            continue;
+        }
         let deleted: Vec<String> = o
             .elements
             .iter()
@@ -677,6 +707,15 @@ fn apply_op(rs: &mut Ruleset, op: &Op) -> Result<(), ApplyError> {
                     )));
                 }
             }
+        }
+        Op::FlushSet { family, set } => {
+            let t = table_mut(rs, *family)?;
+            let s = t
+                .sets
+                .get_mut(set)
+                .ok_or_else(|| ApplyError(format!("flush set {set}: no such set")))?;
+            s.elements = Default::default();
+            s.unread = false;
         }
     }
     Ok(())

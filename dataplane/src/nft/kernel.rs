@@ -12,7 +12,7 @@ use super::wire::{CommitError, EncodeError};
 use crate::backend::{BackendError, Subscribe, WaitForChange};
 use crate::model::IpFamily;
 use crate::netlink::NetlinkError;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// What can go wrong talking to nft.
@@ -93,10 +93,21 @@ impl From<NftError> for BackendError {
 /// at when no commit overlapped the read.
 pub type BackgroundRead = Box<dyn FnOnce() -> Result<(Ruleset, Option<u32>), NftError> + Send>;
 
+/// Sets to read back without their elements.
+pub type Unread = BTreeSet<(IpFamily, String)>;
+
+/// Which sets to read back without their elements.
+pub type Unreadable<'a> = &'a dyn Fn(IpFamily, &str) -> bool;
+
 /// Reads and writes Switchyard's tables.
 pub trait NftExecutor {
     /// Our tables as the kernel holds them; a family without a table is absent.
     fn read(&mut self) -> Result<Ruleset, NftError>;
+    /// [`Self::read`], with the sets `unread` names declared but their elements not read
+    /// ([`super::tables::Set::unread`]); an executor that cannot leave them out reads them.
+    fn read_without(&mut self, _unread: Unreadable<'_>) -> Result<Ruleset, NftError> {
+        self.read()
+    }
     /// Commit a transaction atomically.
     fn apply(&mut self, tx: &Transaction) -> Result<(), NftError>;
     /// The kernel's ruleset generation. Every commit to nftables in the network namespace,
@@ -264,11 +275,17 @@ pub fn read_with_nft(program: &str) -> Result<Ruleset, NftError> {
 /// happened during it; `None` when one did: a dump of a set that changes meanwhile can miss
 /// elements that never moved.
 pub fn read_kernel() -> Result<(Ruleset, Option<u32>), NftError> {
+    read_kernel_without(&|_, _| false)
+}
+
+/// [`read_kernel`], leaving out the elements of the sets `unread` names.
+pub fn read_kernel_without(unread: Unreadable<'_>) -> Result<(Ruleset, Option<u32>), NftError> {
     let mut reader = Reader::open()?;
     let before = reader.generation()?;
     let mut rs = Ruleset::default();
     for family in IpFamily::ALL {
-        if let Some(t) = reader.table(family)? {
+        let skip = |name: &str| unread(family, name);
+        if let Some(t) = reader.table_without(family, &skip)? {
             rs.tables.insert(family, t);
         }
     }
@@ -281,6 +298,10 @@ impl NftExecutor for NftKernel {
         // Our syncs do not run concurrently with this read; see [`NftBackend`] for the
         // generation check that covers everyone else's commits.
         read_kernel().map(|(rs, _)| rs)
+    }
+
+    fn read_without(&mut self, unread: Unreadable<'_>) -> Result<Ruleset, NftError> {
+        read_kernel_without(unread).map(|(rs, _)| rs)
     }
 
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
@@ -396,6 +417,17 @@ impl FakeNft {
 impl NftExecutor for FakeNft {
     fn read(&mut self) -> Result<Ruleset, NftError> {
         Ok(self.state.clone())
+    }
+
+    fn read_without(&mut self, unread: Unreadable<'_>) -> Result<Ruleset, NftError> {
+        let mut rs = self.state.clone();
+        for (family, t) in rs.tables.iter_mut() {
+            for (_, s) in t.sets.iter_mut().filter(|(n, _)| unread(*family, n)) {
+                s.elements = Elements::default();
+                s.unread = true;
+            }
+        }
+        Ok(rs)
     }
 
     fn apply(&mut self, tx: &Transaction) -> Result<(), NftError> {

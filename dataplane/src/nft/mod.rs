@@ -18,16 +18,48 @@ pub mod verify;
 pub mod wire;
 
 use crate::backend::{
-    Backend, BackendError, CheckResult, FailureCounter, ReadJob, Readback, Scope, ServiceKey,
+    Backend, BackendError, CheckResult, CheckStart, FailureCounter, Readback, Scope, ServiceKey,
     Subscribe, SyncReport, Upkeep,
 };
-use crate::model::Snapshot;
+use crate::model::{IpFamily, Snapshot};
 use crate::tally::EndpointTally;
-use kernel::{NftError, NftExecutor};
+use kernel::{NftError, NftExecutor, Unread};
 use ownership::Index;
 use std::collections::BTreeSet;
 use std::time::Instant;
 use tables::Ruleset;
+
+/// Sets with more elements than this are not read back, and a check of the kernel that
+/// would have to read them syncs in full instead. The kernel's dump of a set restarts its
+/// walk at the first element for each reply of about 32 KB, so reading a set costs it time
+/// quadratic in the set's size: our 10k-service tables (120k elements) read back in about
+/// 0.6 s, the 100k-service ones (1.2M, a 1M-element backends map) in 40 s
+/// (`rhashtable_walk_next` 91% of the reading thread's samples). Such a set is flushed and
+/// filled again in the sync's one transaction.
+pub const READ_LIMIT: usize = 100_000;
+
+/// The sets too large to read back: those the last sync committed above `limit`, or, before
+/// any, the backend maps when the snapshot has more endpoints than that.
+fn too_large(applied: Option<&Applied>, snapshot: &Snapshot, limit: usize) -> Unread {
+    match applied {
+        Some(a) => a
+            .ruleset
+            .tables
+            .iter()
+            .flat_map(|(family, t)| {
+                t.sets
+                    .iter()
+                    .filter(|(_, s)| s.elements.len() > limit)
+                    .map(move |(name, _)| (*family, name.clone()))
+            })
+            .collect(),
+        None if snapshot.endpoint_count() > limit => IpFamily::ALL
+            .into_iter()
+            .flat_map(|f| skeleton::BACKEND_MAPS.map(|m| (f, m.to_string())))
+            .collect(),
+        None => Unread::new(),
+    }
+}
 
 /// What the last successful sync committed, and who contributed what to it.
 #[derive(Debug)]
@@ -53,6 +85,8 @@ pub struct NftBackend<E: NftExecutor> {
     remembered: bool,
     /// A purge of stale remembered clients is owed (at start-up, after a failed one).
     purge_pending: bool,
+    /// Sets larger than this are not read back ([`READ_LIMIT`]).
+    read_limit: usize,
 }
 
 impl<E: NftExecutor> NftBackend<E> {
@@ -65,7 +99,14 @@ impl<E: NftExecutor> NftBackend<E> {
             // A restarted agent may find clients remembered by its predecessor.
             remembered: true,
             purge_pending: true,
+            read_limit: READ_LIMIT,
         }
+    }
+
+    /// With another limit on the sets read back (the tests use small ones).
+    pub fn with_read_limit(mut self, limit: usize) -> Self {
+        self.read_limit = limit;
+        self
     }
 
     pub fn executor(&self) -> &E {
@@ -123,10 +164,13 @@ impl<E: NftExecutor> NftBackend<E> {
         true
     }
 
-    /// Read the kernel, and the generation it was read at if no commit overlapped.
-    fn read(&mut self) -> Result<(Ruleset, Option<u32>), BackendError> {
+    /// Read the kernel, without the elements of `unread`, and the generation it was read
+    /// at if no commit overlapped.
+    fn read(&mut self, unread: &Unread) -> Result<(Ruleset, Option<u32>), BackendError> {
         let before = self.exec.generation()?;
-        let kernel = self.exec.read()?;
+        let kernel = self
+            .exec
+            .read_without(&|f, name| unread.contains(&(f, name.to_string())))?;
         let after = self.exec.generation()?;
         Ok((kernel, after.filter(|_| before == after)))
     }
@@ -265,14 +309,19 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
                 }
             }
             (Scope::RepairAll, Some(applied)) => {
-                let (kernel, at) = self.read()?;
-                drift = !diff::diff(&kernel, &applied.ruleset, false).is_empty();
+                let unread = too_large(Some(&applied), snapshot, self.read_limit);
+                let (kernel, at) = self.read(&unread)?;
+                // Of what could be read: a set left unread is flushed and filled anyway.
+                let found =
+                    verify::differences(&kernel, &applied.ruleset, &verify::Recent::default());
+                drift = !found.is_empty();
                 self.held_at = at;
                 kernel
             }
             (_, Some(applied)) => applied.ruleset,
             (_, None) => {
-                let (kernel, at) = self.read()?;
+                let unread = too_large(None, snapshot, self.read_limit);
+                let (kernel, at) = self.read(&unread)?;
                 self.held_at = at;
                 kernel
             }
@@ -301,7 +350,8 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
     }
 
     fn cleanup(&mut self) -> Result<usize, BackendError> {
-        let current = self.exec.read()?;
+        // Only which tables there are matters: no set's elements are read.
+        let current = self.exec.read_without(&|_, _| true)?;
         let tx = diff::diff(&current, &Ruleset::default(), false);
         let removed = current.tables.len();
         if !tx.is_empty() {
@@ -327,16 +377,23 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
         NftBackend::kernel_unchanged(self)
     }
 
-    fn begin_check(&mut self) -> Option<ReadJob> {
+    fn begin_check(&mut self) -> Option<CheckStart> {
         let read = self.exec.background_read()?;
+        let large = self
+            .applied
+            .as_ref()
+            .is_some_and(|a| !too_large(Some(a), &Snapshot::default(), self.read_limit).is_empty());
+        if large {
+            return Some(CheckStart::Repair);
+        }
         if !self.begin_verify() {
             return None;
         }
-        Some(Box::new(move || {
+        Some(CheckStart::Read(Box::new(move || {
             read()
                 .map(|r| Readback(Box::new(r)))
                 .map_err(BackendError::from)
-        }))
+        })))
     }
 
     fn finish_check(&mut self, read: &Readback) -> Option<CheckResult> {

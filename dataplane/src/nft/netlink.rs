@@ -87,6 +87,16 @@ impl Reader {
 
     /// Our table of `family` as the kernel holds it; `None` when there is none.
     pub fn table(&mut self, family: IpFamily) -> Result<Option<Table>, NetlinkError> {
+        self.table_without(family, &|_| false)
+    }
+
+    /// [`Self::table`], with the sets `unread` names declared but their elements not
+    /// dumped ([`Set::unread`]).
+    pub fn table_without(
+        &mut self,
+        family: IpFamily,
+        unread: &dyn Fn(&str) -> bool,
+    ) -> Result<Option<Table>, NetlinkError> {
         let fam = nfproto(family);
         let what = |o: &str| format!("{o} of {} {TABLE}", family_name(family));
         let mut a = Vec::new();
@@ -120,6 +130,12 @@ impl Reader {
         for name in names {
             // What the packet path writes is not state we program: leave it out.
             if name == MAP_AFFINITY {
+                continue;
+            }
+            if unread(&name) {
+                if let Some(s) = table.sets.get_mut(&name) {
+                    s.unread = true;
+                }
                 continue;
             }
             let elements = self.elements(family, &name, intervals.contains(&name))?;

@@ -85,7 +85,7 @@ fn set(map: bool, decl: String) -> Set {
         map,
         decl,
         fingerprint,
-        elements: Default::default(),
+        ..Set::default()
     }
 }
 

@@ -31,6 +31,10 @@ pub struct Set {
     pub fingerprint: String,
     /// Key to value (`None` for a plain set).
     pub elements: Elements,
+    /// Read back without its elements (too many to dump: see `NftBackend`'s read limit):
+    /// the kernel holds some, which is not known. A sync flushes such a set and adds
+    /// every element it wants.
+    pub unread: bool,
 }
 
 /// A chain and its rules.

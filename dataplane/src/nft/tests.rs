@@ -5,7 +5,7 @@ use super::kernel::{next_generation, FakeNft};
 use super::plan;
 use super::tables::Ruleset;
 use super::NftBackend;
-use crate::backend::{Backend, Scope};
+use crate::backend::{Backend, CheckStart, Scope};
 use crate::model::*;
 use std::net::IpAddr;
 
@@ -294,6 +294,80 @@ fn only_our_own_commits_since_the_last_match_prove_the_kernel_unchanged() {
     be.exec.fail_next = true;
     assert!(be.sync(&s3, Scope::Services(&changed)).is_err());
     assert!(!be.kernel_unchanged());
+}
+
+/// At 100k services the backends map holds 1M elements, which the kernel takes 40 s to
+/// dump: a set over the read limit is not read back but flushed and filled in the same
+/// transaction, at start-up and in a repair; and a check that would have to read it
+/// repairs instead.
+#[test]
+fn sets_too_large_to_read_back_are_flushed_and_filled_and_checks_repair_instead() {
+    let s = crate::synth::cluster(4, 3);
+    let backends = |be: &NftBackend<FakeNft>| {
+        be.exec.state.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS]
+            .elements
+            .clone()
+    };
+    let mut first = NftBackend::new(FakeNft::default());
+    first.sync(&s, Scope::RepairAll).unwrap();
+    let want = backends(&first);
+    assert_eq!(want.len(), 12);
+    // Someone deletes one element of the map and adds one of their own.
+    let (k, v) = want
+        .iter()
+        .next()
+        .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+        .unwrap();
+    let mut exec = first.exec.clone();
+    exec.foreign(|rs| {
+        let m = &mut rs
+            .tables
+            .get_mut(&IpFamily::V4)
+            .unwrap()
+            .sets
+            .get_mut(plan::MAP_BACKENDS)
+            .unwrap()
+            .elements;
+        m.remove(&k);
+        m.insert("172.16.250.1 . tcp . 80 . 0", v.as_deref());
+    });
+
+    // A restarted agent, its snapshot over the limit: the map is not read, but flushed.
+    let mut be = NftBackend::new(exec).with_read_limit(10);
+    be.sync(&s, Scope::RepairAll).unwrap();
+    let tx = be.exec.last.clone().unwrap();
+    assert!(tx
+        .ops
+        .iter()
+        .any(|op| matches!(op, Op::FlushSet { set, .. } if set == plan::MAP_BACKENDS)));
+    assert!(
+        !tx.ops
+            .iter()
+            .any(|op| matches!(op, Op::FlushSet { set, .. } if set == plan::SET_CLUSTER_IPS)),
+        "small sets are read and patched"
+    );
+    assert_eq!(backends(&be), want);
+    assert!(!be.exec.state.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS].unread);
+
+    // A repair flushes it too, and finds drift only in what it read.
+    let r = be.sync(&s, Scope::RepairAll).unwrap();
+    assert!(!r.drift);
+    be.exec.foreign(|rs| {
+        rs.tables
+            .get_mut(&IpFamily::V4)
+            .unwrap()
+            .chains
+            .remove("services");
+    });
+    let r = be.sync(&s, Scope::RepairAll).unwrap();
+    assert!(r.drift);
+    assert_eq!(backends(&be), want);
+
+    // A check would have to read it: it repairs instead. Under the limit it reads.
+    assert!(matches!(be.begin_check(), Some(CheckStart::Repair)));
+    let mut small = NftBackend::new(be.exec.clone());
+    small.sync(&s, Scope::RepairAll).unwrap();
+    assert!(matches!(small.begin_check(), Some(CheckStart::Read(_))));
 }
 
 #[test]

@@ -28,7 +28,10 @@ impl Recent {
     pub fn record(&mut self, tx: &Transaction) {
         for op in &tx.ops {
             match op {
-                Op::AddTable(_) | Op::DeleteTable(_) | Op::AddSet { .. } => self.tables = true,
+                // A flushed set: what the read saw of it may be either side of the flush.
+                Op::AddTable(_) | Op::DeleteTable(_) | Op::AddSet { .. } | Op::FlushSet { .. } => {
+                    self.tables = true
+                }
                 Op::AddChain { family, name, .. }
                 | Op::FlushChain { family, name }
                 | Op::DeleteChain { family, name } => {
@@ -91,6 +94,9 @@ pub fn differences(kernel: &Ruleset, committed: &Ruleset, recent: &Recent) -> Ve
             };
             if ks.fingerprint != set.fingerprint {
                 out.push(format!("{family} set {name} redeclared"));
+            }
+            if ks.unread {
+                continue;
             }
             let touched = recent.elements.get(&(family, name.clone()));
             let recent_key = |key: &str| touched.is_some_and(|t| t.contains(key));

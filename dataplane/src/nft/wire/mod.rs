@@ -345,6 +345,17 @@ impl Writer {
                     keys.iter().map(|k| (k.as_str(), None)).collect();
                 self.elements(family, set, &items, true)?;
             }
+            // As `nft flush set`: a deletion that names no element.
+            Op::FlushSet { set, .. } => self.push(
+                NFT_MSG_DELSETELEM,
+                0,
+                family,
+                format!("flushing set {set} of {fam} {TABLE}"),
+                |a| {
+                    a.str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
+                    a.str(NFTA_SET_ELEM_LIST_SET, set);
+                },
+            ),
         }
         Ok(())
     }
