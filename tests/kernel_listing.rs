@@ -777,8 +777,9 @@ fn commits_elsewhere_keep_our_tables_known_unchanged_and_one_to_ours_does_not() 
         nft("add table ip someone-else");
         assert!(soon_unchanged(&mut be), "a commit to another table");
 
-        // A small commit of ours, announced to our listener: it does not wake it, and the
-        // run of generations it vouches for goes on through it.
+        // A small commit of ours after another program's, announced to our listener: it
+        // does not wake it, and, known by our socket's port, it is no change.
+        nft("add chain ip someone-else input");
         let name = ServicePortName::new("bench", "svc-7", "http", Protocol::Tcp);
         dataplane::model::edit_endpoints(snap.endpoints.get_mut(&name).unwrap(), |eps| {
             eps.pop();
@@ -788,8 +789,9 @@ fn commits_elsewhere_keep_our_tables_known_unchanged_and_one_to_ours_does_not() 
             .sync(&snap, Scope::Services(&changed))
             .expect("a partial sync");
         assert!(!small.full && small.stats.operations() > 0);
-        nft("add chain ip someone-else input");
-        assert!(soon_unchanged(&mut be), "ours, then theirs elsewhere");
+        assert!(soon_unchanged(&mut be), "theirs elsewhere, then ours");
+        nft("add chain ip someone-else output");
+        assert!(soon_unchanged(&mut be), "and theirs again");
         assert!(
             wakes.recv_timeout(Duration::from_millis(300)).is_err(),
             "neither our own commit nor one elsewhere wakes the listener"
@@ -845,8 +847,12 @@ fn a_set_too_large_to_read_back_is_flushed_and_filled_in_one_commit() {
             .sync(&snap, Scope::RepairAll)
             .expect("the restarted agent's sync");
         assert_eq!(NftKernel::default().read().unwrap(), want);
-        // Again, with nothing to change: a flush and the same elements again.
+        // Again, with nothing to change: read whole, that would commit nothing; the map
+        // left unread is flushed and filled, one commit.
+        let generation = || NftKernel::default().generation().unwrap().unwrap();
+        let before = generation();
         restarted.sync(&snap, Scope::RepairAll).expect("a repair");
+        assert_eq!(generation(), before.wrapping_add(1));
         assert_eq!(NftKernel::default().read().unwrap(), want);
         Ok(())
     })

@@ -52,7 +52,7 @@ impl Commits {
                         if m.kind & 0xff == NFT_MSG_NEWGEN {
                             match generation_of(m.body) {
                                 Some(g) => seen.committed(g),
-                                None => seen.lost(),
+                                None => seen.lost(generation_now()),
                             }
                         } else if seen.announced(m.pid, names_our_table(m.body)) {
                             n += 1;
@@ -69,13 +69,25 @@ impl Commits {
                     tracing::info!(
                         "the kernel's change notifications overflowed (ENOBUFS, some were lost): looking at our tables"
                     );
-                    seen.lock().unwrap_or_else(|p| p.into_inner()).lost();
+                    let now = generation_now();
+                    seen.lock().unwrap_or_else(|p| p.into_inner()).lost(now);
                     return Ok(1);
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    let now = generation_now();
+                    seen.lock().unwrap_or_else(|p| p.into_inner()).lost(now);
+                    return Err(e);
+                }
             }
         }
     }
+}
+
+/// The kernel's generation now, asked on a socket of its own; `None` when it cannot be.
+pub fn generation_now() -> Option<u32> {
+    super::netlink::Reader::open()
+        .and_then(|mut r| r.generation())
+        .ok()
 }
 
 /// The generation a NEWGEN notification announces.

@@ -11,7 +11,13 @@
 //! generation the batch made. Batches do not interleave: all of it is sent under the
 //! commit mutex.
 
-use super::kernel::next_generation;
+/// The generation after `g`: the kernel skips 0 when its counter wraps.
+pub fn next_generation(g: u32) -> u32 {
+    match g.wrapping_add(1) {
+        0 => 1,
+        n => n,
+    }
+}
 
 /// The generation before `g` (the kernel skips 0 when its counter wraps).
 pub fn previous(g: u32) -> u32 {
@@ -41,9 +47,10 @@ pub struct Generations {
 }
 
 impl Generations {
-    /// Our commits now go through the socket with this port.
-    pub fn own_port(&mut self, port: u32) {
-        self.own_port = Some(port);
+    /// Our commits now go through the socket with this port (`None`: it was closed, and
+    /// another process may be given its port).
+    pub fn own_port(&mut self, port: Option<u32>) {
+        self.own_port = port;
     }
 
     /// A notification of one object, from the socket with `port`; true when it is someone
@@ -68,10 +75,26 @@ impl Generations {
         });
     }
 
-    /// Notifications were lost (the socket's queue overflowed): the batch whose end comes
-    /// next may have named our table.
-    pub fn lost(&mut self) {
+    /// The listener may have seen only part of what was committed up to `now`, the
+    /// kernel's generation asked after the fact (it just joined the group, or notifications
+    /// were lost): each of those batches counts as a change. Without `now`, every batch
+    /// does until [`Self::back_at`].
+    pub fn partly_seen_through(&mut self, now: Option<u32>) {
+        match now {
+            Some(g) => self.doubt_through(g),
+            None => {
+                self.run = None;
+                self.rejoining = true;
+            }
+        }
+    }
+
+    /// Notifications were lost: the socket's queue overflowed (the kernel reports it before
+    /// the older messages still queued) or a datagram could not be read. `now` as in
+    /// [`Self::partly_seen_through`].
+    pub fn lost(&mut self, now: Option<u32>) {
         self.open_changed = true;
+        self.partly_seen_through(now);
     }
 
     /// The listener leaves the group while a commit of ours runs.
@@ -84,8 +107,15 @@ impl Generations {
     pub fn back_at(&mut self, generation: u32) {
         if self.rejoining {
             self.rejoining = false;
-            self.doubtful_up_to = Some(generation);
+            self.doubt_through(generation);
         }
+    }
+
+    fn doubt_through(&mut self, generation: u32) {
+        self.doubtful_up_to = Some(match self.doubtful_up_to {
+            Some(d) if later(d, generation) => d,
+            _ => generation,
+        });
     }
 
     /// Whether every generation after `from` up to `to` was seen and left our tables as
@@ -116,7 +146,7 @@ mod tests {
 
     fn seen() -> Generations {
         let mut g = Generations::default();
-        g.own_port(OURS);
+        g.own_port(Some(OURS));
         g
     }
 
@@ -161,14 +191,44 @@ mod tests {
     }
 
     #[test]
-    fn lost_notifications_make_the_next_batch_a_change() {
+    fn lost_notifications_make_every_batch_up_to_the_generation_after_the_loss_a_change() {
         let mut g = seen();
         g.committed(30);
-        g.lost();
+        // Batch 32 lost notifications; the loss is reported before 31, queued intact, and
+        // the kernel was at 32 when asked.
+        g.lost(Some(32));
         g.committed(31);
-        assert!(!g.unchanged_between(30, 31));
         g.committed(32);
-        assert!(g.unchanged_between(31, 32));
+        assert!(!g.unchanged_between(30, 32));
+        assert!(!g.unchanged_between(31, 32));
+        g.committed(33);
+        assert!(g.unchanged_between(32, 33));
+        // Without the generation, nothing counts until one is asked.
+        g.lost(None);
+        g.committed(34);
+        assert!(!g.unchanged_between(33, 34));
+        g.back_at(34);
+        g.committed(35);
+        assert!(g.unchanged_between(34, 35));
+    }
+
+    #[test]
+    fn a_listener_that_just_joined_doubts_what_was_committed_before_it_asked() {
+        let mut g = seen();
+        // Joined while batch 51 was being announced: only its end is seen.
+        g.partly_seen_through(Some(51));
+        assert!(!g.announced(THEIRS, false));
+        g.committed(51);
+        assert!(!g.unchanged_between(50, 51));
+        g.committed(52);
+        assert!(g.unchanged_between(51, 52));
+    }
+
+    #[test]
+    fn notifications_from_our_old_port_are_someone_elses() {
+        let mut g = seen();
+        g.own_port(None);
+        assert!(g.announced(OURS, true));
     }
 
     #[test]

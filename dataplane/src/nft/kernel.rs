@@ -3,7 +3,7 @@
 
 use super::diff::{apply, Op, Transaction};
 use super::elements::Elements;
-use super::generations::Generations;
+use super::generations::{next_generation, Generations};
 use super::listing::{parse_table, ListingError};
 use super::netlink::Reader;
 use super::skeleton::MAP_AFFINITY;
@@ -144,14 +144,6 @@ pub trait NftExecutor {
     }
 }
 
-/// The generation after `g`: the kernel skips 0 when its counter wraps.
-pub fn next_generation(g: u32) -> u32 {
-    match g.wrapping_add(1) {
-        0 => 1,
-        n => n,
-    }
-}
-
 /// Transactions with more elements and rules than this are committed with our listener out
 /// of the notification group: while anyone listens, the kernel builds a notification per
 /// element a batch adds, which made a 10k x 10 load take seconds longer in the kernel
@@ -191,7 +183,7 @@ impl NftKernel {
         if self.socket.is_none() {
             let socket =
                 crate::netlink::Socket::open(crate::netlink::NETLINK_NETFILTER, "nfnetlink")?;
-            lock(&self.seen).own_port(socket.port()?);
+            lock(&self.seen).own_port(Some(socket.port()?));
             self.socket = Some(socket);
         }
         self.socket.as_mut().ok_or_else(|| NetlinkError::Malformed {
@@ -205,7 +197,11 @@ impl NftKernel {
     fn commit(&mut self, tx: &Transaction) -> Result<(), CommitError> {
         let stats = tx.stats();
         let size = stats.elements_added + stats.elements_deleted + stats.rules_written;
-        let listener = lock(&self.listening).clone().filter(|_| size > QUIET_ABOVE);
+        // A flush deletes as many elements as the set holds, each announced.
+        let flushes = tx.ops.iter().any(|op| matches!(op, Op::FlushSet { .. }));
+        let listener = lock(&self.listening)
+            .clone()
+            .filter(|_| flushes || size > QUIET_ABOVE);
         if listener.is_some() {
             // Until the next generation request, what the listener sees may lack its start.
             lock(&self.seen).leaving();
@@ -221,9 +217,15 @@ impl NftKernel {
             }
         }
         if result.is_err() {
-            self.socket = None;
+            self.drop_socket();
         }
         result
+    }
+
+    /// Closes the kept socket; the next request opens another, with another port.
+    fn drop_socket(&mut self) {
+        self.socket = None;
+        lock(&self.seen).own_port(None);
     }
 
     /// Delete another program's table (kube-proxy's `kube-proxy` tables on a node moving to
@@ -310,7 +312,7 @@ impl NftExecutor for NftKernel {
         let result = super::netlink::generation_on(self.socket()?);
         match result {
             Ok(g) => lock(&self.seen).back_at(g),
-            Err(_) => self.socket = None,
+            Err(_) => self.drop_socket(),
         }
         Ok(Some(result?))
     }
@@ -329,6 +331,8 @@ impl NftExecutor for NftKernel {
         Some(Box::new(move || {
             let mut commits =
                 super::commits::Commits::subscribe().map_err(|e| BackendError::new("read", e))?;
+            // A batch announced while the listener joined shows only its end.
+            lock(&seen).partly_seen_through(super::commits::generation_now());
             *lock(&listening) = Some(commits.membership());
             let wait: WaitForChange = Box::new(move || {
                 commits
@@ -396,6 +400,11 @@ pub struct FakeNft {
     pub remembered: BTreeMap<IpFamily, Elements>,
     /// What a change listener would have seen of every commit.
     pub seen: Generations,
+    /// Right after our next commit, before we ask the generation, someone else commits to
+    /// our table, and the listener has not seen it yet ([`FakeNft::catch_up`]).
+    pub foreign_after_next_commit: bool,
+    /// Generations committed that the listener has not seen yet.
+    pub unseen: Vec<u32>,
 }
 
 impl FakeNft {
@@ -411,6 +420,14 @@ impl FakeNft {
     pub fn foreign_elsewhere(&mut self) {
         self.generation = next_generation(self.generation);
         self.seen.committed(self.generation);
+    }
+
+    /// The listener sees what it had not yet (someone else's commits to our table).
+    pub fn catch_up(&mut self) {
+        for g in std::mem::take(&mut self.unseen) {
+            self.seen.announced(u32::MAX, true);
+            self.seen.committed(g);
+        }
     }
 }
 
@@ -442,6 +459,10 @@ impl NftExecutor for FakeNft {
         self.applied += 1;
         self.generation = next_generation(self.generation);
         self.seen.committed(self.generation);
+        if std::mem::take(&mut self.foreign_after_next_commit) {
+            self.generation = next_generation(self.generation);
+            self.unseen.push(self.generation);
+        }
         Ok(())
     }
 

@@ -210,14 +210,14 @@ impl<E: NftExecutor> NftBackend<E> {
             };
         }
         // Our commit moved the generation on by one; more means someone else's came
-        // between, which the change listener may have seen leave our tables alone (then,
-        // or once it catches up: the held generation stays for [`Self::kernel_unchanged`]
-        // to try again). A failure to ask only costs the next periodic check a read.
+        // between (or after it), which the change listener may have seen leave our tables
+        // alone, ours among them (then, or once it catches up: the held generation stays
+        // for [`Self::kernel_unchanged`] to try again). A failure to ask only costs the
+        // next periodic check a read.
         let now = self.exec.generation().ok().flatten();
         self.held_at = match (held, now) {
             (Some(h), Some(g))
-                if g == kernel::next_generation(h)
-                    || self.exec.unchanged_between(h, generations::previous(g)) =>
+                if g == generations::next_generation(h) || self.exec.unchanged_between(h, g) =>
             {
                 Some(g)
             }
@@ -308,14 +308,32 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
                     Err(applied) => applied.ruleset,
                 }
             }
-            (Scope::RepairAll, Some(applied)) => {
+            (Scope::RepairAll, Some(mut applied)) => {
                 let unread = too_large(Some(&applied), snapshot, self.read_limit);
-                let (kernel, at) = self.read(&unread)?;
+                let (mut kernel, at) = self.read(&unread)?;
                 // Of what could be read: a set left unread is flushed and filled anyway.
                 let found =
                     verify::differences(&kernel, &applied.ruleset, &verify::Recent::default());
                 drift = !found.is_empty();
                 self.held_at = at;
+                // The layout keeps an endpoint's slot as the previous state had it: for a
+                // set left unread, as we committed it (the set stays marked unread).
+                for (family, name) in &unread {
+                    let ours = applied
+                        .ruleset
+                        .tables
+                        .get_mut(family)
+                        .and_then(|t| t.sets.get_mut(name));
+                    let theirs = kernel
+                        .tables
+                        .get_mut(family)
+                        .and_then(|t| t.sets.get_mut(name));
+                    if let (Some(o), Some(k)) = (ours, theirs) {
+                        if k.unread {
+                            k.elements = std::mem::take(&mut o.elements);
+                        }
+                    }
+                }
                 kernel
             }
             (_, Some(applied)) => applied.ruleset,

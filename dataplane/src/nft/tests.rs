@@ -1,7 +1,8 @@
 //! Logic tests of the nftables backend on the fake executor.
 
 use super::diff::{apply, diff, Op};
-use super::kernel::{next_generation, FakeNft};
+use super::generations::next_generation;
+use super::kernel::FakeNft;
 use super::plan;
 use super::tables::Ruleset;
 use super::NftBackend;
@@ -363,6 +364,29 @@ fn sets_too_large_to_read_back_are_flushed_and_filled_and_checks_repair_instead(
     assert!(r.drift);
     assert_eq!(backends(&be), want);
 
+    // A repair keeps each endpoint's slot as committed, though it did not read the map: an
+    // endpoint gone from the middle of a list leaves the others where they were, which a
+    // layout from scratch would not.
+    let mut fewer = s.clone();
+    let svc = fewer.endpoints.keys().next().unwrap().clone();
+    crate::model::edit_endpoints(fewer.endpoints.get_mut(&svc).unwrap(), |eps| {
+        eps.remove(0);
+    });
+    let changed = [(svc.namespace.to_string(), svc.name.to_string())].into();
+    be.sync(&fewer, Scope::Services(&changed)).unwrap();
+    let kept = backends(&be);
+    let mut scratch = NftBackend::new(FakeNft::default());
+    scratch.sync(&fewer, Scope::RepairAll).unwrap();
+    assert_ne!(
+        backends(&scratch),
+        kept,
+        "the test needs slots a fresh layout would move"
+    );
+    be.sync(&fewer, Scope::RepairAll).unwrap();
+    let tx = be.exec.last.as_ref().unwrap();
+    assert!(tx.ops.iter().any(|op| matches!(op, Op::FlushSet { .. })));
+    assert_eq!(backends(&be), kept);
+
     // A check would have to read it: it repairs instead. Under the limit it reads.
     assert!(matches!(be.begin_check(), Some(CheckStart::Repair)));
     let mut small = NftBackend::new(be.exec.clone());
@@ -396,6 +420,17 @@ fn commits_by_others_to_their_own_tables_keep_the_kernel_unchanged_and_one_to_ou
     assert!(!be.kernel_unchanged());
     be.sync(&s2, Scope::RepairAll).unwrap();
     assert!(be.kernel_unchanged(), "a full sync read the kernel again");
+
+    // Someone else commits to our table right after a commit of ours, before we ask the
+    // generation, and the listener has not seen it yet: it is not taken for ours.
+    be.exec.foreign_after_next_commit = true;
+    let s4 = snapshot(vec![(one.clone(), vec!["10.0.0.4"])]);
+    be.sync(&s4, Scope::Services(&changed)).unwrap();
+    assert!(!be.kernel_unchanged());
+    be.exec.catch_up();
+    assert!(!be.kernel_unchanged());
+    be.sync(&s2, Scope::RepairAll).unwrap();
+    assert!(be.kernel_unchanged());
 
     // Someone else's commit to our table: only a read can tell, now and after later
     // commits of ours and theirs.
