@@ -662,6 +662,28 @@ fn ipv6_session_affinity_is_written_where_nft_could_not() {
         .contains_key("affinity-10800"));
 }
 
+/// `nft`'s change listener on a thread of its own, started from (so in the namespace of)
+/// the calling thread, once it listens; one message per wake-up.
+fn listen(nft: &NftKernel) -> std::sync::mpsc::Receiver<()> {
+    use std::time::Duration;
+    let subscribe = nft.change_notifications().expect("a listener");
+    let (woke, wakes) = std::sync::mpsc::channel();
+    let (ready, listening) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut wait = subscribe().expect("subscribed");
+        ready.send(()).unwrap();
+        while wait().is_ok() {
+            if woke.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    listening
+        .recv_timeout(Duration::from_secs(5))
+        .expect("listening");
+    wakes
+}
+
 /// Our own commits do not wake our change listener: it leaves the notification group while
 /// a large one runs, so the kernel builds no notification per element for it, and knows a
 /// small one by our socket's port. Anyone else's commit to our table still wakes it.
@@ -674,22 +696,7 @@ fn our_commits_do_not_wake_our_listener_and_anyone_elses_do() {
     let snap = snapshot();
     netns::in_netns(&guard.0, || {
         let mut nft = NftKernel::default();
-        let subscribe = nft.change_notifications().expect("a listener");
-        let (woke, wakes) = std::sync::mpsc::channel();
-        let (ready, listening) = std::sync::mpsc::channel();
-        // Started from this thread, the listener is in the test's namespace too.
-        std::thread::spawn(move || {
-            let mut wait = subscribe().expect("subscribed");
-            ready.send(()).unwrap();
-            while wait().is_ok() {
-                if woke.send(()).is_err() {
-                    return;
-                }
-            }
-        });
-        listening
-            .recv_timeout(Duration::from_secs(5))
-            .expect("listening");
+        let wakes = listen(&nft);
         nft.apply(&NftBackend::<NftKernel>::render(&snap))
             .expect("programming the table");
         assert!(
@@ -738,21 +745,7 @@ fn commits_elsewhere_keep_our_tables_known_unchanged_and_one_to_ours_does_not() 
     };
     netns::in_netns(&guard.0, || {
         let mut be = NftBackend::new(NftKernel::default());
-        let subscribe = be.executor().change_notifications().expect("a listener");
-        let (woke, wakes) = std::sync::mpsc::channel();
-        let (ready, listening) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut wait = subscribe().expect("subscribed");
-            ready.send(()).unwrap();
-            while wait().is_ok() {
-                if woke.send(()).is_err() {
-                    return;
-                }
-            }
-        });
-        listening
-            .recv_timeout(Duration::from_secs(5))
-            .expect("listening");
+        let wakes = listen(be.executor());
         let nft = |command: &str| {
             let out = dataplane::process::run("nft", &[command], None).unwrap();
             assert!(out.success, "nft {command}: {}", out.stderr);

@@ -345,18 +345,21 @@ fn create_table(tx: &mut Transaction, family: IpFamily, new: &Table) {
     }
     // Elements last: verdict-map elements name chains that must exist first.
     for (name, set) in &new.sets {
-        if !set.elements.is_empty() {
-            tx.ops.push(Op::AddElements {
-                family,
-                set: name.clone(),
-                elements: set
-                    .elements
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
-                    .collect(),
-            });
-        }
+        tx.ops.extend(every_element(family, name, set));
     }
+}
+
+/// The addition of every element of `set`; none for an empty one.
+fn every_element(family: IpFamily, name: &str, set: &Set) -> Option<Op> {
+    (!set.elements.is_empty()).then(|| Op::AddElements {
+        family,
+        set: name.to_string(),
+        elements: set
+            .elements
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+            .collect(),
+    })
 }
 
 /// The rules of each named chain of `table`, after its flush or creation.
@@ -429,17 +432,7 @@ fn update_table(tx: &mut Transaction, family: IpFamily, old: &Table, new: &Table
                 family,
                 set: name.clone(),
             });
-            if !set.elements.is_empty() {
-                adds.push(Op::AddElements {
-                    family,
-                    set: name.clone(),
-                    elements: set
-                        .elements
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
-                        .collect(),
-                });
-            }
+            adds.extend(every_element(family, name, set));
             continue;
         }
         let deleted: Vec<String> = o

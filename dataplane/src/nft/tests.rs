@@ -211,22 +211,23 @@ fn failed_apply_keeps_kernel_state_and_next_sync_rereads() {
     assert_eq!(r.stats.operations(), 0, "{}", r.summary());
 }
 
+/// The IPv4 backends map of `rs`.
+fn backends_mut(rs: &mut Ruleset) -> &mut super::tables::Set {
+    rs.tables
+        .get_mut(&IpFamily::V4)
+        .unwrap()
+        .sets
+        .get_mut(plan::MAP_BACKENDS)
+        .unwrap()
+}
+
 #[test]
 fn kernel_drift_is_repaired_by_a_full_sync() {
     let mut be = NftBackend::new(FakeNft::default());
     let s = snapshot(vec![(port("a", "b", "172.30.0.1", 80), vec!["10.0.0.1"])]);
     be.sync(&s, Scope::AllServices).unwrap();
     let want = be.executor().state.clone();
-    be.exec
-        .state
-        .tables
-        .get_mut(&IpFamily::V4)
-        .unwrap()
-        .sets
-        .get_mut(plan::MAP_BACKENDS)
-        .unwrap()
-        .elements
-        .clear();
+    backends_mut(&mut be.exec.state).elements.clear();
     be.exec
         .state
         .tables
@@ -321,14 +322,7 @@ fn sets_too_large_to_read_back_are_flushed_and_filled_and_checks_repair_instead(
         .unwrap();
     let mut exec = first.exec.clone();
     exec.foreign(|rs| {
-        let m = &mut rs
-            .tables
-            .get_mut(&IpFamily::V4)
-            .unwrap()
-            .sets
-            .get_mut(plan::MAP_BACKENDS)
-            .unwrap()
-            .elements;
+        let m = &mut backends_mut(rs).elements;
         m.remove(&k);
         m.insert("172.16.250.1 . tcp . 80 . 0", v.as_deref());
     });
