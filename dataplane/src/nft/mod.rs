@@ -30,35 +30,38 @@ use std::time::Instant;
 use tables::Ruleset;
 
 /// Sets with more elements than this are not read back, and a check of the kernel that
-/// would have to read them syncs in full instead. The kernel's dump of a set restarts its
-/// walk at the first element for each reply of about 32 KB, so reading a set costs it time
-/// quadratic in the set's size: our 10k-service tables (120k elements) read back in about
-/// 0.6 s, the 100k-service ones (1.2M, a 1M-element backends map) in 40 s
+/// would have to read them syncs in full instead. The kernel's dump of a set walks it from
+/// the first element again for each reply of about 32 KB, so reading a set costs it time
+/// quadratic in the set's size: a sync that read our 10k-service tables (120k elements)
+/// took 0.4 s, one that read the 100k-service ones (1.2M, a 1M-element backends map) 32 s
 /// (`rhashtable_walk_next` 91% of the reading thread's samples). Such a set is flushed and
 /// filled again in the sync's one transaction.
 pub const READ_LIMIT: usize = 100_000;
 
-/// The sets too large to read back: those the last sync committed above `limit`, or, before
-/// any, the backend maps when the snapshot has more endpoints than that.
-fn too_large(applied: Option<&Applied>, snapshot: &Snapshot, limit: usize) -> Unread {
-    match applied {
-        Some(a) => a
-            .ruleset
-            .tables
-            .iter()
-            .flat_map(|(family, t)| {
-                t.sets
-                    .iter()
-                    .filter(|(_, s)| s.elements.len() > limit)
-                    .map(move |(name, _)| (*family, name.clone()))
-            })
-            .collect(),
-        None if snapshot.endpoint_count() > limit => IpFamily::ALL
-            .into_iter()
-            .flat_map(|f| skeleton::BACKEND_MAPS.map(|m| (f, m.to_string())))
-            .collect(),
-        None => Unread::new(),
+/// The sets of `committed` too large to read back.
+fn too_large(committed: &Ruleset, limit: usize) -> Unread {
+    committed
+        .tables
+        .iter()
+        .flat_map(|(family, t)| {
+            t.sets
+                .iter()
+                .filter(|(_, s)| s.elements.len() > limit)
+                .map(move |(name, _)| (*family, name.clone()))
+        })
+        .collect()
+}
+
+/// Before any sync, the sets likely too large to read back: the backend maps, when the
+/// snapshot has more endpoints than `limit`.
+fn likely_too_large(snapshot: &Snapshot, limit: usize) -> Unread {
+    if snapshot.endpoint_count() <= limit {
+        return Unread::new();
     }
+    IpFamily::ALL
+        .into_iter()
+        .flat_map(|f| skeleton::BACKEND_MAPS.map(|m| (f, m.to_string())))
+        .collect()
 }
 
 /// What the last successful sync committed, and who contributed what to it.
@@ -309,7 +312,7 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
                 }
             }
             (Scope::RepairAll, Some(mut applied)) => {
-                let unread = too_large(Some(&applied), snapshot, self.read_limit);
+                let unread = too_large(&applied.ruleset, self.read_limit);
                 let (mut kernel, at) = self.read(&unread)?;
                 // Of what could be read: a set left unread is flushed and filled anyway.
                 let found =
@@ -338,7 +341,7 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
             }
             (_, Some(applied)) => applied.ruleset,
             (_, None) => {
-                let unread = too_large(None, snapshot, self.read_limit);
+                let unread = likely_too_large(snapshot, self.read_limit);
                 let (kernel, at) = self.read(&unread)?;
                 self.held_at = at;
                 kernel
@@ -400,7 +403,7 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
         let large = self
             .applied
             .as_ref()
-            .is_some_and(|a| !too_large(Some(a), &Snapshot::default(), self.read_limit).is_empty());
+            .is_some_and(|a| !too_large(&a.ruleset, self.read_limit).is_empty());
         if large {
             return Some(CheckStart::Repair);
         }
