@@ -877,3 +877,73 @@ fn a_local_detector_of_every_address_programs() {
     let left = diff(&kernel, &want, false);
     assert!(left.is_empty(), "still to do:\n{}", left.to_nft());
 }
+
+/// Sets past `sizing::UNSIZED_UP_TO` elements are declared with a size (the kernel then
+/// allocates their hash at once instead of growing it under the commit), as nft lists it.
+/// The kernel refuses elements past a set's size, so a change that outgrows it lays the table
+/// out anew, larger, in the same commit; a restart reads the size back and keeps it.
+#[test]
+fn large_sets_get_a_size_and_outgrowing_it_replaces_the_table_in_one_commit() {
+    use dataplane::backend::{Backend, Scope};
+    let Some(guard) = Namespace::create("sized") else {
+        return;
+    };
+    // 1,000 services x 5 endpoints: 5,000 backend slots.
+    let small = dataplane::synth::cluster(1000, 5);
+    let name = ServicePortName::new("bench", "svc-0", "http", Protocol::Tcp);
+    let with = |n: usize| {
+        let mut s = small.clone();
+        let eps = (0..n)
+            .map(|j| Endpoint {
+                node_name: Some("node-1".into()),
+                ..Endpoint::ready(dataplane::synth::endpoint_ip(0, 0, j as u32 + 1), 8080)
+            })
+            .collect();
+        s.endpoints.insert(name.clone(), eps);
+        s
+    };
+    let changed = [("bench".to_string(), "svc-0".to_string())].into();
+    let size = || {
+        NftKernel::default()
+            .read()
+            .unwrap()
+            .table(IpFamily::V4)
+            .unwrap()
+            .sets[plan::MAP_BACKENDS]
+            .size
+    };
+    let generation = || NftKernel::default().generation().unwrap().unwrap();
+    netns::in_netns(&guard.0, || {
+        let mut be = NftBackend::new(NftKernel::default());
+        be.sync(&small, Scope::AllServices).expect("the first sync");
+        assert_eq!(size(), Some(12_288));
+        let text = listed("ip");
+        assert!(text.contains("size 12288"), "{text}");
+
+        // 5,000 - 5 + 10,000 slots: past the size. One commit replaces the table.
+        let before = generation();
+        be.sync(&with(10_000), Scope::Services(&changed))
+            .expect("the sync that outgrows the map");
+        assert_eq!(generation(), before.wrapping_add(1));
+        assert_eq!(size(), Some(24_576));
+        let read = NftKernel::default().read().unwrap();
+        let (want, _) = plan::desired(&with(10_000), &Ruleset::default());
+        assert_eq!(
+            read.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS].elements,
+            want.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS].elements
+        );
+
+        // Back to 5,000 in place: the size stays; laid out fresh it would be 12,288.
+        be.sync(&small, Scope::Services(&changed))
+            .expect("the shrink");
+        assert_eq!(size(), Some(24_576));
+        // A restarted agent reads the size back and finds nothing to change.
+        let before = generation();
+        NftBackend::new(NftKernel::default())
+            .sync(&small, Scope::AllServices)
+            .expect("the restarted agent's sync");
+        assert_eq!(generation(), before, "the restart committed");
+        Ok(())
+    })
+    .unwrap();
+}

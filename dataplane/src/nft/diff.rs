@@ -686,6 +686,13 @@ fn apply_op(rs: &mut Ruleset, op: &Op) -> Result<(), ApplyError> {
                     }
                 }
             }
+            // As the kernel, which counts within the transaction (deletions and flushes
+            // before the additions leave room).
+            if let Some(size) = s.size.filter(|n| s.elements.len() > *n as usize) {
+                return Err(ApplyError(format!(
+                    "add element {set}: Too many open files in system (more than its size {size})"
+                )));
+            }
         }
         Op::DeleteElements { family, set, keys } => {
             let t = table_mut(rs, *family)?;

@@ -94,6 +94,10 @@ pub fn parse_table(json: &str) -> Result<Table, ListingError> {
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_string(),
+                size: s
+                    .get("size")
+                    .and_then(Value::as_u64)
+                    .and_then(|n| u32::try_from(n).ok()),
                 ..Set::default()
             };
             // What the packet path writes is not state we program: leave it out.

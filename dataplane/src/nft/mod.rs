@@ -12,6 +12,7 @@ pub mod listing;
 pub mod netlink;
 pub mod ownership;
 pub mod plan;
+pub mod sizing;
 pub mod skeleton;
 pub mod tables;
 pub mod verify;
@@ -277,6 +278,12 @@ impl<E: NftExecutor> NftBackend<E> {
         else {
             return Err(applied);
         };
+        if sizing::outgrown(&applied.ruleset) {
+            // The kernel would refuse the elements past a set's size: the full layout
+            // declares it larger and replaces the table, whatever `applied` now says of
+            // the elements.
+            return Err(applied);
+        }
         let tx = diff::patch(&applied.ruleset, &touched);
         if let Err(e) = self.commit(&tx) {
             return Ok(Err(e));

@@ -119,6 +119,9 @@ impl Reader {
                 fingerprint: find(&body, NFTA_SET_USERDATA)
                     .map(|d| udata_comment(d, UDATA_SET_COMMENT))
                     .unwrap_or_default(),
+                size: find(&body, NFTA_SET_DESC)
+                    .and_then(|d| find(d, NFTA_SET_DESC_SIZE))
+                    .and_then(be32),
                 ..Set::default()
             };
             if flags & NFT_SET_INTERVAL != 0 {

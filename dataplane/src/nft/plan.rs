@@ -18,6 +18,7 @@
 //! stays, and a removed one's slot is refilled by the last, so a change costs O(changed).
 
 use super::ownership::{self, FamilyIndex, Index, Record, Shared, Touched};
+use super::sizing;
 pub use super::skeleton::{
     cidr_text, MAP_AFFINITY, MAP_AFFINITY_FRONTENDS, MAP_BACKENDS, MAP_NODEPORT_BACKENDS,
     MAP_NODEPORT_SHORTCUT_BACKENDS, MAP_NO_ENDPOINT_NODEPORTS, MAP_NO_ENDPOINT_SERVICES,
@@ -585,6 +586,7 @@ pub fn layout(snapshot: &Snapshot, previous: &Ruleset) -> (Ruleset, Index, Layou
         index.families.insert(family, fi);
         conflicts.append(&mut c);
     }
+    sizing::fit(previous, &mut rs);
     let report = report_of(&index, conflicts);
     (rs, index, report)
 }

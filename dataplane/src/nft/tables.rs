@@ -35,6 +35,8 @@ pub struct Set {
     /// the kernel holds some, which is not known. A sync flushes such a set and adds
     /// every element it wants.
     pub unread: bool,
+    /// The size it is declared with, if any (see [`super::sizing`]).
+    pub size: Option<u32>,
 }
 
 /// A chain and its rules.

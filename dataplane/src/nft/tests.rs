@@ -565,3 +565,66 @@ fn switching_affinity_off_forgets_the_remembered_clients() {
         be.exec.remembered
     );
 }
+
+/// `n` endpoints of `service` in `s`, at addresses of their own.
+fn with_endpoints(mut s: Snapshot, service: usize, n: usize) -> Snapshot {
+    let name = s.services.keys().nth(service).unwrap().0.clone();
+    let list = (0..n)
+        .map(|j| {
+            Endpoint::ready(
+                ip(&format!(
+                    "10.{}.{}.{}",
+                    200 + j / 62_500,
+                    j / 250 % 250,
+                    j % 250 + 1
+                )),
+                8080,
+            )
+        })
+        .collect();
+    s.endpoints.insert(name, list);
+    s
+}
+
+#[test]
+fn a_partial_sync_that_outgrows_a_sets_size_replaces_the_table_with_a_larger_one() {
+    use super::skeleton::MAP_BACKENDS;
+    let size =
+        |be: &NftBackend<FakeNft>| be.exec.state.tables[&IpFamily::V4].sets[MAP_BACKENDS].size;
+    // 1,000 services x 5 endpoints: 5,000 backends, more than sets are left unsized with.
+    let s1 = big(1000, 5);
+    let mut be = NftBackend::new(FakeNft::default());
+    be.sync(&s1, Scope::AllServices).unwrap();
+    assert_eq!(size(&be), Some(12_288));
+    let changed = [("ns".to_string(), "svc0".to_string())].into();
+
+    // Within the size: in place, elements only.
+    let s2 = with_endpoints(s1.clone(), 0, 7000);
+    let r = be.sync(&s2, Scope::Services(&changed)).unwrap();
+    let tx = be.exec.last.clone().unwrap();
+    assert!(!tx
+        .ops
+        .iter()
+        .any(|op| matches!(op, Op::DeleteTable(_) | Op::AddSet { .. })));
+    assert!(r.stats.elements_added > 6995);
+    assert_eq!(size(&be), Some(12_288));
+
+    // Past it: the kernel would refuse the elements, so the table is laid out anew, larger,
+    // in one commit.
+    let s3 = with_endpoints(s2.clone(), 0, 8000);
+    be.sync(&s3, Scope::Services(&changed)).unwrap();
+    let tx = be.exec.last.clone().unwrap();
+    assert!(tx.ops.contains(&Op::DeleteTable(IpFamily::V4)));
+    assert_eq!(size(&be), Some(24_576));
+    let (want, _) = plan::desired(&s3, &Ruleset::default());
+    assert_eq!(
+        be.exec.state.tables[&IpFamily::V4].sets[MAP_BACKENDS].elements,
+        want.tables[&IpFamily::V4].sets[MAP_BACKENDS].elements
+    );
+
+    // And the next change is in place again.
+    let s4 = with_endpoints(s3, 0, 8001);
+    be.sync(&s4, Scope::Services(&changed)).unwrap();
+    let tx = be.exec.last.clone().unwrap();
+    assert!(!tx.ops.iter().any(|op| matches!(op, Op::DeleteTable(_))));
+}
