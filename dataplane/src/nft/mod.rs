@@ -280,8 +280,13 @@ impl<E: NftExecutor> NftBackend<E> {
         };
         if sizing::outgrown(&applied.ruleset) {
             // The kernel would refuse the elements past a set's size: the full layout
-            // declares it larger and replaces the table, whatever `applied` now says of
-            // the elements.
+            // declares it larger, replacing that table, from what the kernel holds (the
+            // other family's table is updated, so it must not hold the changes already).
+            for (family, t) in &touched {
+                if let Some(table) = applied.ruleset.tables.get_mut(family) {
+                    t.undo(table);
+                }
+            }
             return Err(applied);
         }
         let tx = diff::patch(&applied.ruleset, &touched);

@@ -3,7 +3,7 @@
 //! service can be taken out of a table and laid out again without touching the rest.
 
 use super::skeleton::{LbKind, SET_CLUSTER_IPS, SET_HAIRPIN};
-use super::tables::Chain;
+use super::tables::{Chain, Table};
 use crate::backend::NoLocalEndpoints;
 use crate::model::{IpFamily, ServicePortName};
 use std::collections::BTreeMap;
@@ -171,4 +171,33 @@ pub struct Index {
 pub struct Touched {
     pub elements: BTreeMap<(&'static str, String), Option<Option<String>>>,
     pub chains: BTreeMap<String, Option<Chain>>,
+}
+
+impl Touched {
+    /// Puts back in `table` what the update changed, as it was before.
+    pub fn undo(&self, table: &mut Table) {
+        for ((set, key), old) in &self.elements {
+            let Some(s) = table.sets.get_mut(*set) else {
+                continue;
+            };
+            match old {
+                Some(value) => {
+                    s.elements.insert(key, value.as_deref());
+                }
+                None => {
+                    s.elements.remove(key);
+                }
+            }
+        }
+        for (name, old) in &self.chains {
+            match old {
+                Some(chain) => {
+                    table.chains.insert(name.clone(), chain.clone());
+                }
+                None => {
+                    table.chains.remove(name);
+                }
+            }
+        }
+    }
 }

@@ -7,10 +7,12 @@
 //! its samples in `rhashtable_insert_slow`. With a size the kernel can pick its fixed hash, its
 //! buckets allocated at once. The size is also a limit: the kernel refuses an element past it
 //! (ENFILE), and it cannot change on a live set. So a set gets room for half as much again as
-//! it holds, keeps its size while it fits and is not far emptier, and a sync that outgrows it
-//! (or a full sync that finds it under an eighth full) declares it anew, which replaces the
-//! table in that sync's one transaction ([`super::diff::diff`] on a changed declaration).
-//! Sets small enough for their growth not to matter stay unsized, as the layout wrote them.
+//! it holds and keeps its size while it fits; a sync that outgrows it declares it anew, which
+//! replaces the table in that sync's one transaction ([`super::diff::diff`] on a changed
+//! declaration). A replaced table loses what the packet path remembered (session affinity),
+//! so a size never shrinks: a set emptied by far keeps its buckets (8 bytes each, 4/3 of its
+//! size) until the table is made anew. Sets small enough for their growth not to matter stay
+//! unsized, as the layout wrote them.
 
 use super::tables::{fingerprint, Ruleset, Set};
 
@@ -20,9 +22,8 @@ pub const UNSIZED_UP_TO: usize = 4096;
 /// The size to declare for a set holding `count` elements, declared now with `current`.
 pub fn size_for(current: Option<u32>, count: usize) -> Option<u32> {
     match current {
-        Some(size) if count <= size as usize && count >= size as usize / 8 => Some(size),
+        Some(size) if count <= size as usize => Some(size),
         None if count <= UNSIZED_UP_TO => None,
-        _ if count <= UNSIZED_UP_TO / 2 => None,
         _ => Some(roomy(count)),
     }
 }
@@ -95,20 +96,13 @@ mod tests {
     }
 
     #[test]
-    fn a_size_holds_until_the_set_outgrows_it_or_falls_below_an_eighth() {
+    fn a_size_holds_until_the_set_outgrows_it_and_never_shrinks() {
         let s = Some(12_288);
         assert_eq!(size_for(s, 12_288), s);
         assert_eq!(size_for(s, 12_289), Some(24_576));
-        assert_eq!(size_for(s, 1536), s);
-        // An eighth full and small: unsized again.
-        assert_eq!(size_for(s, 1535), None);
-        // Between the bounds an unsized set stays unsized and a sized one sized: no
-        // count flips the declaration back and forth.
-        assert_eq!(size_for(None, 3000), None);
-        assert_eq!(size_for(s, 3000), s);
+        assert_eq!(size_for(s, 0), s);
         let big = Some(3 << 20);
-        assert_eq!(size_for(big, 400_000), big);
-        assert_eq!(size_for(big, 300_000), Some(3 << 18));
+        assert_eq!(size_for(big, 10), big);
     }
 
     fn ruleset(decl: &str, count: usize, size: Option<u32>) -> Ruleset {

@@ -628,3 +628,40 @@ fn a_partial_sync_that_outgrows_a_sets_size_replaces_the_table_with_a_larger_one
     let tx = be.exec.last.clone().unwrap();
     assert!(!tx.ops.iter().any(|op| matches!(op, Op::DeleteTable(_))));
 }
+
+/// The in-place update changes both families before it finds a set outgrown in one: the
+/// full layout must start from what the kernel holds, or the other family's changes would
+/// never be committed.
+#[test]
+fn an_outgrown_set_in_one_family_leaves_the_other_familys_change_committed() {
+    use super::skeleton::MAP_BACKENDS;
+    let mut s1 = big(1000, 5);
+    let name = s1.services.keys().next().unwrap().0.clone();
+    let v6 = ServicePort::cluster(name.clone(), ip("fd00::10"), 80);
+    s1.services.insert((name.clone(), IpFamily::V6), v6);
+    let with = |v4: usize, v6: &str| {
+        let mut s = with_endpoints(s1.clone(), 0, v4);
+        let mut list = s.endpoints[&name].to_vec();
+        list.push(Endpoint::ready(ip(v6), 8080));
+        s.endpoints.insert(name.clone(), list.into());
+        s
+    };
+    let mut be = NftBackend::new(FakeNft::default());
+    be.sync(&with(5, "fd00::1"), Scope::AllServices).unwrap();
+    let changed = [(name.namespace.to_string(), name.name.to_string())].into();
+    // The IPv4 backends outgrow their size; the IPv6 endpoint changes.
+    let s2 = with(13_000, "fd00::2");
+    be.sync(&s2, Scope::Services(&changed)).unwrap();
+    let (want, _) = plan::desired(&s2, &Ruleset::default());
+    for family in IpFamily::ALL {
+        assert_eq!(
+            be.exec.state.tables[&family].sets[MAP_BACKENDS].elements,
+            want.tables[&family].sets[MAP_BACKENDS].elements,
+            "{family}"
+        );
+    }
+    let v6 = &be.exec.state.tables[&IpFamily::V6].sets[MAP_BACKENDS].elements;
+    assert!(v6
+        .iter()
+        .any(|(_, v)| v.is_some_and(|v| v.contains("fd00::2"))));
+}
