@@ -5,8 +5,9 @@
 //! that, when anything changed and every file parses, only the difference is reported: the
 //! objects of the files read again or newly winning a duplicate, and the deletions of what is
 //! no longer defined anywhere. So one edited file costs its own parse and the store's work on
-//! its own objects; working out which copy of each object is in effect still walks every
-//! object's identity once per report. A file that fails to parse is reported once and the previous
+//! its own objects: which copy of each object is in effect is kept as files are read
+//! ([`copies`]), and a report looks only at the objects of the files that changed. A file
+//! that fails to parse is reported once and the previous
 //! objects stay in effect; it is read again only when its stamp changes. A file that could not
 //! be read at all (permissions, I/O) is retried with exponential backoff up to [`MAX_BACKOFF`].
 //! The agent's loop never waits for a file: a hung read holds only this thread.
@@ -159,8 +160,9 @@ pub struct Watcher {
     backoff: Duration,
     /// Files read and parsed so far (for tests).
     reads: u64,
-    /// Each object reported, and where its copy in effect came from.
-    shown: BTreeMap<Id, Winner>,
+    /// Every copy of every object in the files read, and the objects changed since the
+    /// last report.
+    copies: Copies,
     /// Files read again, added or removed since the last report.
     touched: BTreeSet<PathBuf>,
 }
@@ -178,7 +180,7 @@ impl Watcher {
             retry_at: None,
             backoff: POLL,
             reads: 0,
-            shown: BTreeMap::new(),
+            copies: Copies::default(),
             touched: BTreeSet::new(),
         }
     }
@@ -201,17 +203,21 @@ impl Watcher {
         let retry = self.retry_at.is_none_or(|t| now >= t);
         let mut old = std::mem::take(&mut self.files);
         for found in listing.files {
-            let keep = old.remove(&found.path).filter(|e| {
+            let prev = old.remove(&found.path);
+            let keep = prev.as_ref().is_some_and(|e| {
                 e.stamp == found.stamp
                     && !(retry && matches!(e.parsed, Err(ManifestError::Read { .. })))
             });
-            let entry = match keep {
-                Some(e) => e,
-                None => {
+            let entry = match prev {
+                Some(e) if keep => e,
+                prev => {
                     changed = true;
                     self.reads += 1;
                     self.touched.insert(found.path.clone());
-                    match manifests::read_file(&found, self.cap) {
+                    if let Some(Entry { parsed: Ok(o), .. }) = &prev {
+                        self.copies.remove(&found.path, o);
+                    }
+                    let entry = match manifests::read_file(&found, self.cap) {
                         Ok((stamp, objects)) => Entry {
                             path: found.path.as_path().into(),
                             stamp,
@@ -225,13 +231,22 @@ impl Watcher {
                             named: found.named,
                             parsed: Err(e),
                         },
+                    };
+                    if let Ok(o) = &entry.parsed {
+                        self.copies.add(&entry.path, o);
                     }
+                    entry
                 }
             };
             self.files.insert(found.path, entry);
         }
         changed |= !old.is_empty();
-        self.touched.extend(old.into_keys());
+        for (path, gone) in old {
+            if let Ok(o) = &gone.parsed {
+                self.copies.remove(&path, o);
+            }
+            self.touched.insert(path);
+        }
         let unreadable = self
             .files
             .values()
@@ -282,67 +297,40 @@ impl Watcher {
         m
     }
 
-    /// The copy in effect of every object, in path and then document order (the last copy
-    /// wins, as in [`Watcher::merged`]), and the warnings about objects defined twice.
-    fn winners(&self) -> (BTreeMap<Id, Winner>, Vec<String>) {
-        let mut out: BTreeMap<Id, Winner> = BTreeMap::new();
-        let mut twice = Vec::new();
-        for (path, objects) in self
-            .files
-            .values()
-            .filter_map(|e| e.parsed.as_ref().ok().map(|o| (&e.path, o.known())))
-        {
-            for (index, known) in objects.enumerate() {
-                let id = known.id();
-                let Known { kind, key } = known.into_owned();
-                let winner = Winner {
-                    path: path.clone(),
-                    index,
-                    kind,
-                    key,
-                };
-                if let Some(earlier) = out.insert(id.clone(), winner) {
-                    let (kind, ns, name) = id;
-                    twice.push(manifests::defined_twice(
-                        &(kind, ns.to_string(), name.to_string()),
-                        &manifests::place(&earlier.path, earlier.index),
-                        &manifests::place(path, index),
-                    ));
-                }
-            }
-        }
-        (out, twice)
-    }
-
-    /// Whether the copy in effect of `id` must be sent: it is new, or it moved to another
-    /// file, or its file was read again.
-    fn to_send(&self, id: &Id, w: &Winner) -> bool {
-        let moved = self.shown.get(id).is_none_or(|old| old.path != w.path);
+    /// Whether the copy in effect `w` of an object must be sent: the object is new, or its
+    /// copy in effect moved to another file, or its file was read again; `before` is the copy
+    /// that was in effect at the last report.
+    fn to_send(&self, before: Option<&Winner>, w: &Winner) -> bool {
+        let moved = before.is_none_or(|old| old.path != w.path);
         moved || self.touched.contains(&*w.path)
     }
 
     /// Files whose objects must be sent but were reported and not kept (the earlier copy of
     /// an object defined twice, in effect again): read them again, at most once per file and
-    /// report. Then the copies in effect and the warnings about objects defined twice, as
-    /// [`Watcher::winners`] gives them; `None` if one of those files fails now.
-    fn read_back(&mut self) -> Option<(BTreeMap<Id, Winner>, Vec<String>)> {
+    /// report. Then the warnings about the changed objects defined twice; `None` if one of
+    /// those files fails now.
+    fn read_back(&mut self) -> Option<Vec<String>> {
         let mut tried = BTreeSet::new();
         loop {
-            let (winners, twice) = self.winners();
-            let missing: BTreeSet<PathBuf> = winners
+            let missing: BTreeSet<PathBuf> = self
+                .copies
+                .changed()
                 .iter()
-                .filter(|(id, w)| self.to_send(id, w))
-                .filter(|(_, w)| {
+                .filter_map(|(id, before)| {
+                    let w = self.copies.winner(id)?;
+                    self.to_send(before.as_ref(), w).then_some(w)
+                })
+                .filter(|w| {
                     matches!(
                         self.files.get(&*w.path).map(|e| &e.parsed),
                         Some(Ok(Objects::Known(_)))
                     )
                 })
-                .map(|(_, w)| w.path.to_path_buf())
+                .map(|w| w.path.to_path_buf())
                 .filter(|p| !tried.contains(p))
                 .collect();
             if missing.is_empty() {
-                return Some((winners, twice));
+                return Some(self.copies.twice());
             }
             for path in missing {
                 let Some(entry) = self.files.get_mut(&path) else {
@@ -354,10 +342,17 @@ impl Watcher {
                     named: entry.named,
                 };
                 self.reads += 1;
-                match manifests::read_file(&found, self.cap) {
+                let read = manifests::read_file(&found, self.cap);
+                if let Ok(o) = &entry.parsed {
+                    self.copies.remove(&path, o);
+                }
+                match read {
                     Ok((stamp, objects)) => {
                         entry.stamp = stamp;
                         entry.parsed = Ok(Objects::Whole(objects));
+                        if let Ok(o) = &entry.parsed {
+                            self.copies.add(&entry.path, o);
+                        }
                     }
                     Err(e) => {
                         entry.parsed = Err(e);
@@ -381,25 +376,26 @@ impl Watcher {
 
     /// The events that move the store from what was last reported to what the files hold
     /// now: only the objects of touched files (or whose winning copy moved), and deletions.
-    fn difference(
-        &mut self,
-        winners: BTreeMap<Id, Winner>,
-        twice: Vec<String>,
-    ) -> Vec<SourceEvent> {
+    fn difference(&mut self, twice: Vec<String>) -> Vec<SourceEvent> {
         for d in &twice {
             tracing::warn!("{d}");
         }
+        let changed = self.copies.reported();
         let mut events = Vec::new();
-        for (id, w) in &self.shown {
+        for (id, before) in &changed {
             // Gone, or its copy in effect now carries another key (a namespace left out in
             // one copy and written as `default` in the other).
-            let rekeyed = winners.get(id).is_some_and(|now| now.key != w.key);
-            if rekeyed || !winners.contains_key(id) {
+            let Some(w) = before else { continue };
+            let rekeyed = self.copies.winner(id).is_some_and(|now| now.key != w.key);
+            if rekeyed || self.copies.winner(id).is_none() {
                 events.push(SourceEvent::Delete(w.kind, owned_key(&w.key)));
             }
         }
-        for (id, w) in &winners {
-            if !self.to_send(id, w) {
+        for (id, before) in &changed {
+            let Some(w) = self.copies.winner(id) else {
+                continue;
+            };
+            if !self.to_send(before.as_ref(), w) {
                 continue;
             }
             let object = match self.files.get(&*w.path).map(|e| &e.parsed) {
@@ -416,7 +412,6 @@ impl Watcher {
                 ),
             }
         }
-        self.shown = winners;
         self.touched.clear();
         self.forget_objects();
         events
@@ -444,12 +439,12 @@ impl Watcher {
         if self.blocked() || !self.pending {
             return None;
         }
-        let Some((winners, twice)) = self.read_back() else {
+        let Some(twice) = self.read_back() else {
             self.blocked();
             return None;
         };
         self.pending = false;
-        let events = self.difference(winners, twice);
+        let events = self.difference(twice);
         tracing::info!(
             "{}: manifests changed; {} objects to apply or delete",
             self.path.display(),
@@ -470,7 +465,7 @@ pub fn initial(path: &Path) -> Result<(Vec<SourceEvent>, Watcher), ManifestError
         }));
     }
     let events = replace_all(w.merged());
-    (w.shown, _) = w.winners();
+    w.copies.reported();
     w.touched.clear();
     w.forget_objects();
     Ok((events, w))
@@ -495,6 +490,9 @@ pub fn spawn(mut w: Watcher, tx: mpsc::Sender<Arrival>) -> std::io::Result<()> {
         })
         .map(drop)
 }
+
+mod copies;
+use copies::Copies;
 
 #[cfg(test)]
 mod tests;

@@ -319,3 +319,35 @@ fn file_source_reports_differences_that_equal_a_complete_report() {
     assert_eq!(view.services(), complete(&w));
     assert_eq!(view.services().len(), 50 + 4);
 }
+
+#[test]
+fn a_report_looks_only_at_the_objects_of_the_files_that_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let many: String = (0..50)
+        .map(|i| svc(&format!("m{i}"), &format!("172.30.1.{i}")))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    std::fs::write(d.join("many.yaml"), &many).unwrap();
+    std::fs::write(d.join("a.yaml"), svc("a", "172.30.0.1")).unwrap();
+    let (_, mut w) = initial(d).unwrap();
+    assert!(w.copies.changed().is_empty());
+    let t = Instant::now();
+
+    write_in_place(&d.join("a.yaml"), &svc("b", "172.30.0.2"));
+    assert!(w.refresh(t));
+    let names = |w: &Watcher| -> Vec<String> {
+        w.copies
+            .changed()
+            .keys()
+            .map(|id| id.2.to_string())
+            .collect()
+    };
+    // The old object and the new one, not the other file's fifty.
+    assert_eq!(names(&w), ["a", "b"]);
+    w.pending = true;
+    let events = w.poll(t).expect("the edit is reported");
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(matches!(&events[0], SourceEvent::Delete(Kind::Service, (_, n)) if n == "a"));
+    assert!(w.copies.changed().is_empty());
+}
