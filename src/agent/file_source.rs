@@ -386,8 +386,7 @@ impl Watcher {
             // Gone, or its copy in effect now carries another key (a namespace left out in
             // one copy and written as `default` in the other).
             let Some(w) = before else { continue };
-            let rekeyed = self.copies.winner(id).is_some_and(|now| now.key != w.key);
-            if rekeyed || self.copies.winner(id).is_none() {
+            if self.copies.winner(id).is_none_or(|now| now.key != w.key) {
                 events.push(SourceEvent::Delete(w.kind, owned_key(&w.key)));
             }
         }

@@ -20,6 +20,14 @@ impl Copies {
         self.by_id.get(id).and_then(|v| v.last())
     }
 
+    /// Every object's copy in effect.
+    #[cfg(test)]
+    pub(super) fn winners(&self) -> impl Iterator<Item = (&Id, &Winner)> {
+        self.by_id
+            .iter()
+            .filter_map(|(id, v)| Some((id, v.last()?)))
+    }
+
     /// Notes what was in effect for `id` before its first change since the last report.
     fn touch(&mut self, id: &Id) {
         if !self.changed.contains_key(id) {
@@ -46,7 +54,7 @@ impl Copies {
         }
     }
 
-    /// The objects of the file at `path`, gone or about to be read again.
+    /// The objects the file at `path` held, before it went or was read again.
     pub(super) fn remove(&mut self, path: &Path, objects: &Objects) {
         for known in objects.known() {
             let id = known.id();
@@ -71,7 +79,8 @@ impl Copies {
     }
 
     /// The warnings about the changed objects defined more than once, each later copy
-    /// against the one before it (as [`crate::manifests::Manifests::push`] words them).
+    /// against the one before it (as [`crate::manifests::Manifests::push`] words them). An
+    /// object whose files did not change is not warned about again.
     pub(super) fn twice(&self) -> Vec<String> {
         let mut out = Vec::new();
         for id in self.changed.keys() {

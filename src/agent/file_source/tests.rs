@@ -351,3 +351,65 @@ fn a_report_looks_only_at_the_objects_of_the_files_that_changed() {
     assert!(matches!(&events[0], SourceEvent::Delete(Kind::Service, (_, n)) if n == "a"));
     assert!(w.copies.changed().is_empty());
 }
+
+/// The copy in effect of every object, from the files as read, the way a report once worked
+/// it out each time: the last copy in path and then document order.
+fn winners_by_walking(w: &Watcher) -> BTreeMap<Id, (PathBuf, usize)> {
+    let mut out = BTreeMap::new();
+    for (path, e) in &w.files {
+        if let Ok(objects) = &e.parsed {
+            for (index, known) in objects.known().enumerate() {
+                out.insert(known.id(), (path.clone(), index));
+            }
+        }
+    }
+    out
+}
+
+fn winners_kept(w: &Watcher) -> BTreeMap<Id, (PathBuf, usize)> {
+    w.copies
+        .winners()
+        .map(|(id, c)| (id.clone(), (c.path.to_path_buf(), c.index)))
+        .collect()
+}
+
+#[test]
+fn the_copies_kept_agree_with_the_files_through_failures_duplicates_and_removals() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("a.yaml"), svc("x", "172.30.0.1")).unwrap();
+    std::fs::write(
+        d.join("b.yaml"),
+        format!("{}---\n{}", svc("x", "172.30.0.2"), svc("y", "172.30.0.3")),
+    )
+    .unwrap();
+    let (_, mut w) = initial(d).unwrap();
+    let t = Instant::now();
+    let check = |w: &Watcher, when: &str| {
+        assert_eq!(winners_kept(w), winners_by_walking(w), "{when}");
+    };
+    check(&w, "after the first read");
+    // b.yaml breaks: its copies leave, x's copy in a.yaml is in effect among the parsed files.
+    write_in_place(&d.join("b.yaml"), "kind: [");
+    assert!(w.poll(t).is_none());
+    check(&w, "with b.yaml broken");
+    // Deleted while broken; then a.yaml's copy of x is sent again, read back from the file.
+    std::fs::remove_file(d.join("b.yaml")).unwrap();
+    let events = w.poll(t).expect("the removal is reported");
+    check(&w, "after b.yaml went");
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, SourceEvent::Delete(Kind::Service, (_, n)) if n == "y")));
+    // A duplicate comes and goes, and a file breaks while the earlier copy must be read back.
+    std::fs::write(d.join("c.yaml"), svc("x", "172.30.0.4")).unwrap();
+    w.poll(t).expect("the duplicate is reported");
+    check(&w, "with the duplicate");
+    write_in_place(&d.join("a.yaml"), "kind: [");
+    std::fs::remove_file(d.join("c.yaml")).unwrap();
+    assert!(w.poll(t).is_none());
+    check(&w, "a.yaml broken, c.yaml gone");
+    write_in_place(&d.join("a.yaml"), &svc("x", "172.30.0.5"));
+    w.poll(t).expect("the repair is reported");
+    check(&w, "a.yaml repaired");
+    assert!(w.copies.changed().is_empty());
+}
