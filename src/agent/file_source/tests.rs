@@ -225,6 +225,16 @@ fn file_source_initial_names_the_failing_file() {
     assert!(e.contains("gone: cannot read"), "{e}");
 }
 
+/// Fifty Services in many.yaml and Service `a` in a.yaml.
+fn fifty_and_a(d: &Path) {
+    let many: String = (0..50)
+        .map(|i| svc(&format!("m{i}"), &format!("172.30.1.{i}")))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    std::fs::write(d.join("many.yaml"), &many).unwrap();
+    std::fs::write(d.join("a.yaml"), svc("a", "172.30.0.1")).unwrap();
+}
+
 /// After the first report only differences go out, and they leave the store where a
 /// complete report would: an object moving between files, a duplicate whose later copy
 /// goes (the earlier one is in effect again), a copy that differs only in spelling its
@@ -233,12 +243,7 @@ fn file_source_initial_names_the_failing_file() {
 fn file_source_reports_differences_that_equal_a_complete_report() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let many: String = (0..50)
-        .map(|i| svc(&format!("m{i}"), &format!("172.30.1.{i}")))
-        .collect::<Vec<_>>()
-        .join("---\n");
-    std::fs::write(d.join("many.yaml"), &many).unwrap();
-    std::fs::write(d.join("a.yaml"), svc("a", "172.30.0.1")).unwrap();
+    fifty_and_a(d);
     std::fs::write(d.join("b.yaml"), svc("b", "172.30.0.2")).unwrap();
     let (events, mut w) = initial(d).unwrap();
     let mut view = View::default();
@@ -324,12 +329,7 @@ fn file_source_reports_differences_that_equal_a_complete_report() {
 fn a_report_looks_only_at_the_objects_of_the_files_that_changed() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let many: String = (0..50)
-        .map(|i| svc(&format!("m{i}"), &format!("172.30.1.{i}")))
-        .collect::<Vec<_>>()
-        .join("---\n");
-    std::fs::write(d.join("many.yaml"), &many).unwrap();
-    std::fs::write(d.join("a.yaml"), svc("a", "172.30.0.1")).unwrap();
+    fifty_and_a(d);
     let (_, mut w) = initial(d).unwrap();
     assert!(w.copies.changed().is_empty());
     let t = Instant::now();
