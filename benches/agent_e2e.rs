@@ -65,7 +65,9 @@ fn main() {
     // puts 1s there, which would hold the syncs to one a second.
     let min_sync: String = env_or("SY_BENCH_MIN_SYNC", "1ms".to_string());
     let sync_period: String = env_or("SY_BENCH_SYNC_PERIOD", "30s".to_string());
-    let foreign: bool = env_or("SY_BENCH_FOREIGN", 0u8) == 1;
+    // 1: someone else's commits to a table of their own; 2: to ours, changing nothing (an
+    // element added and deleted in one commit), so that every one is checked.
+    let foreign: u8 = env_or("SY_BENCH_FOREIGN", 0u8);
     let log_level: String = env_or("SY_BENCH_LOG", "warn".to_string());
     let bin: String = env_or("SY_BENCH_BIN", env!("CARGO_BIN_EXE_switchyard").to_string());
     let ns = format!("sy-bench-agent-{}", std::process::id());
@@ -124,23 +126,18 @@ fn main() {
     let cpu0 = cpu_seconds(agent.id());
     let t0 = Instant::now();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let other = foreign.then(|| {
+    let other = (foreign > 0).then(|| {
         let (ns, stop) = (ns.clone(), stop.clone());
         std::thread::spawn(move || {
             let mut k = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let verb = if k.is_multiple_of(2) { "add" } else { "delete" };
+                let command = match foreign {
+                    1 => format!("{verb} table ip someone-else"),
+                    _ => "add element ip switchyard cluster-ips { 192.0.2.1 }; delete element ip switchyard cluster-ips { 192.0.2.1 }".to_string(),
+                };
                 let _ = std::process::Command::new("ip")
-                    .args([
-                        "netns",
-                        "exec",
-                        &ns,
-                        "nft",
-                        verb,
-                        "table",
-                        "ip",
-                        "someone-else",
-                    ])
+                    .args(["netns", "exec", &ns, "nft", &command])
                     .status();
                 k += 1;
                 std::thread::sleep(Duration::from_secs(1));
@@ -213,7 +210,11 @@ fn main() {
     println!(
         "agent_e2e: {services} services x 10 endpoints, {rate} endpoint changes/s for {:.1} s, minSyncPeriod {min_sync}, syncPeriod {sync_period}{}",
         elapsed.as_secs_f64(),
-        if foreign { ", a foreign nftables commit every second" } else { "" }
+        match foreign {
+            0 => "",
+            1 => ", a foreign nftables commit every second",
+            _ => ", a foreign nftables commit to our table (changing nothing) every second",
+        }
     );
     println!(
         "  first sync after start (initial lists + full sync): {:.2} s",
@@ -230,10 +231,17 @@ fn main() {
     );
     println!("  event to kernel by bucket: {}", spread(&b1));
     println!("  sync duration by bucket: {}", spread(&syncs_by_bucket));
+    let checks_done = delta("switchyard_kernel_check_duration_seconds_count");
     println!(
-        "  periodic kernel checks: {} by generation, {} read back; drift repairs: {}",
+        "  kernel checks: {} by generation, {} after notifications, {} read back, {checks_done} finished (mean {:.2} s, lookups included); drift repairs: {}",
         delta(r#"switchyard_kernel_checks_total{method="generation"}"#),
+        delta(r#"switchyard_kernel_checks_total{method="notification"}"#),
         delta(r#"switchyard_kernel_checks_total{method="read"}"#),
+        if checks_done > 0.0 {
+            delta("switchyard_kernel_check_duration_seconds_sum") / checks_done
+        } else {
+            0.0
+        },
         delta("switchyard_drift_repairs_total"),
     );
     println!(

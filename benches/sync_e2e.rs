@@ -10,8 +10,10 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use dataplane::backend::{Backend, Scope};
+use dataplane::model::IpFamily;
 use dataplane::nft::diff::Transaction;
 use dataplane::nft::kernel::{NftError, NftExecutor, NftKernel};
+use dataplane::nft::netlink::Found;
 use dataplane::nft::tables::Ruleset;
 use dataplane::nft::NftBackend;
 use dataplane::synth;
@@ -37,6 +39,9 @@ impl NftExecutor for Timed {
         let r = self.inner.apply(tx);
         self.applies.push(t.elapsed());
         r
+    }
+    fn look_up(&mut self, family: IpFamily, set: &str, keys: &[&str]) -> Result<Found, NftError> {
+        self.inner.look_up(family, set, keys)
     }
 }
 

@@ -17,8 +17,30 @@ pub fn for_mode(cfg: &ProxyConfig) -> Result<Box<dyn Backend>, BackendError> {
             cfg.iptables_backend,
         ))),
         ProxyMode::Ipvs => Box::new(ipvs_backend(cfg)?),
-        ProxyMode::Nftables => Box::new(NftBackend::new(NftKernel::default())),
+        ProxyMode::Nftables => {
+            let mut backend = NftBackend::new(NftKernel::default());
+            if let Some(limit) = read_limit() {
+                backend = backend.with_read_limit(limit);
+            }
+            Box::new(backend)
+        }
     })
+}
+
+/// Sets with more elements than this are looked up rather than read back
+/// ([`dataplane::nft::READ_LIMIT`] unless set): for tests, which make small tables take
+/// the path of 100k-service ones.
+pub const READ_LIMIT_ENV: &str = "SWITCHYARD_NFT_READ_LIMIT";
+
+fn read_limit() -> Option<usize> {
+    let text = std::env::var(READ_LIMIT_ENV).ok()?;
+    match text.parse() {
+        Ok(limit) => Some(limit),
+        Err(e) => {
+            tracing::warn!("{READ_LIMIT_ENV}={text:?} is not a number of elements ({e}); ignored");
+            None
+        }
+    }
 }
 
 /// IPVS mode's settings from the configuration.

@@ -1505,6 +1505,59 @@ fn a_flushed_ruleset_is_repaired_within_a_second_without_waiting_for_the_period(
     );
 }
 
+/// Someone deletes one element of a set the agent does not read back (the backends map of
+/// a 100k-service table; here every set, with the read limit at 0): the commit's
+/// notification starts a check whose lookups find it, and a full sync puts it back, counted
+/// as a drift repair.
+#[test]
+fn an_element_deleted_from_a_set_too_large_to_read_back_is_found_by_lookups_and_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.yaml");
+    write_atomically(&cluster, &manifests("10.0.0.1"));
+    let Some(mut agent) = Agent::namespace("lookups") else {
+        return;
+    };
+    agent.sync_period = "1h";
+    agent.env = vec![("SWITCHYARD_NFT_READ_LIMIT", "0".to_string())];
+    agent.spawn(dir.path(), &["--manifests".as_ref(), cluster.as_os_str()]);
+    let slot = "172.30.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080";
+    agent.wait_ruleset("the first sync", |rs| rs.contains(slot));
+    std::thread::sleep(Duration::from_millis(500));
+    let delete = netns::run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &agent.ns,
+            "nft",
+            "delete element ip switchyard backends { 172.30.0.1 . tcp . 80 . 0 }",
+        ],
+        None,
+        netns::CMD_TIMEOUT,
+    );
+    // The deletion succeeding says the element was there; the agent may put it back
+    // before anyone could list it missing.
+    assert!(delete.success(), "{}", delete.transcript());
+    let deleted = Instant::now();
+    while !agent.ruleset().contains(slot) {
+        assert!(
+            deleted.elapsed() < Duration::from_secs(5),
+            "not repaired within 5 s\nagent log:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (_, text) = agent.get(METRICS, "/metrics");
+    let metric = |name: &str| exposition::value(&text, name).unwrap_or(0.0);
+    assert!(metric("switchyard_drift_repairs_total") >= 1.0, "{text}");
+    let log = agent.log();
+    assert!(
+        log.contains("element 172.30.0.1 . tcp . 80 . 0 missing"),
+        "the lookups named it\n{log}"
+    );
+    assert!(agent.terminate().success(), "{}", agent.log());
+}
+
 /// The notification listener overflowed: another program commits 30,000 set elements in one
 /// batch while the agent is stopped, which the kernel announces one message each, far more
 /// than the listener's socket holds, so its next read fails with ENOBUFS. It still hears what follows: two firewall

@@ -402,6 +402,14 @@ impl NftExecutor for NoIpv6 {
         }
         self.0.apply(tx)
     }
+    fn look_up(
+        &mut self,
+        family: IpFamily,
+        set: &str,
+        keys: &[&str],
+    ) -> Result<dataplane::nft::netlink::Found, dataplane::nft::kernel::NftError> {
+        self.0.look_up(family, set, keys)
+    }
 }
 
 /// A kernel that refuses one family's table still gets the other family programmed, and
@@ -946,4 +954,90 @@ fn large_sets_get_a_size_and_outgrowing_it_replaces_the_table_in_one_commit() {
         Ok(())
     })
     .unwrap();
+}
+
+/// Runs `nft` with `args` in the calling thread's namespace, as someone else would.
+fn foreign_nft(args: &[&str]) {
+    let out = std::process::Command::new("nft")
+        .args(args)
+        .output()
+        .expect("running nft");
+    assert!(out.status.success(), "nft {args:?}: {out:?}");
+}
+
+/// A check of sets too large to read back looks each element we committed up in the real
+/// kernel (`NftBackend::check_step`): a kernel that holds them all passes, and someone
+/// else's deletion or change of one element is found, named, by the lookups alone.
+#[test]
+fn a_check_looks_up_the_elements_of_sets_too_large_to_read_back() {
+    use dataplane::backend::{Backend, CheckStep, Scope};
+    let Some(guard) = Namespace::create("lookup") else {
+        return;
+    };
+    let snap = snapshot();
+    netns::in_netns(&guard.0, move || {
+        // 30 services x 3 endpoints and more: about 100 slots per family, over a limit of 50.
+        let mut be = NftBackend::new(NftKernel::default()).with_read_limit(50);
+        be.sync(&snap, Scope::AllServices).expect("the sync");
+        let check = |be: &mut NftBackend<NftKernel>| -> Vec<String> {
+            let read = be.begin_check().expect("a check")().expect("the read");
+            let r = be.finish_check(&read).expect("a result");
+            assert!(r.more, "the read left the maps out: {:?}", r.differences);
+            loop {
+                let step = be.check_step(std::time::Duration::ZERO);
+                match step.expect("lookups in hand").expect("the lookups") {
+                    CheckStep::More => continue,
+                    CheckStep::Done(r) => return r.differences,
+                }
+            }
+        };
+        assert_eq!(check(&mut be), Vec::<String>::new());
+
+        // More keys than one request asks for, one of them not in the map: each answered
+        // where it was asked.
+        let kernel = NftKernel::default().read().expect("a read");
+        let map = &kernel.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS].elements;
+        assert!(map.len() > 64, "{}", map.len());
+        let absent = "172.16.250.1 . tcp . 80 . 0";
+        let mut keys: Vec<&str> = map.keys().collect();
+        keys.insert(40, absent);
+        let found = NftKernel::default()
+            .look_up(IpFamily::V4, plan::MAP_BACKENDS, &keys)
+            .expect("the lookups");
+        let want: Vec<Option<Option<String>>> = keys
+            .iter()
+            .map(|k| map.get(k).map(|v| v.map(str::to_string)))
+            .collect();
+        assert_eq!(found, want);
+        assert_eq!(found[40], None);
+
+        // Someone else deletes one element: found, and a full sync repairs.
+        let (gone, _) = map.iter().nth(70).unwrap();
+        foreign_nft(&[
+            "delete",
+            "element",
+            "ip",
+            "switchyard",
+            plan::MAP_BACKENDS,
+            &format!("{{ {gone} }}"),
+        ]);
+        assert_eq!(
+            check(&mut be),
+            [format!("{} set backends: element {gone} missing", IpFamily::V4)]
+        );
+        be.sync(&snap, Scope::RepairAll).expect("the repair");
+        assert_eq!(check(&mut be), Vec::<String>::new());
+
+        // Someone else points one slot elsewhere.
+        let (moved, _) = map.iter().nth(5).unwrap();
+        foreign_nft(&[&format!(
+            "delete element ip switchyard backends {{ {moved} }}; add element ip switchyard backends {{ {moved} : 10.9.9.9 . 80 }}"
+        )]);
+        assert_eq!(
+            check(&mut be),
+            [format!("{} set backends: element {moved} changed", IpFamily::V4)]
+        );
+        Ok(())
+    })
+    .expect("in the namespace");
 }

@@ -244,12 +244,13 @@ pub struct Readback(pub Box<dyn std::any::Any + Send>);
 /// A read of the kernel to run on a blocking thread.
 pub type ReadJob = Box<dyn FnOnce() -> Result<Readback, BackendError> + Send>;
 
-/// How a check of the kernel goes on.
-pub enum CheckStart {
-    /// Run the read off the event loop and hand it to [`Backend::finish_check`].
-    Read(ReadJob),
-    /// Reading back would cost the kernel more than a full sync: sync in full instead.
-    Repair,
+/// How a check that goes on in steps on the event loop ([`Backend::check_step`]) stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckStep {
+    /// More to look at: call again.
+    More,
+    /// Finished: what it found.
+    Done(CheckResult),
 }
 
 /// What comparing a read-back with what was programmed found.
@@ -259,6 +260,9 @@ pub struct CheckResult {
     pub differences: Vec<String>,
     /// No commit (ours or anyone's) overlapped the read, so what it misses really is gone.
     pub consistent: bool,
+    /// The read left out sets too large to read back: unless it found differences, their
+    /// elements are looked at next, in steps between syncs ([`Backend::check_step`]).
+    pub more: bool,
 }
 
 impl CheckResult {
@@ -340,15 +344,22 @@ pub trait Backend {
         false
     }
 
-    /// Start a read-back check: the read to run off the event loop (or a full sync instead),
-    /// or `None` when there is nothing committed to check against.
-    fn begin_check(&mut self) -> Option<CheckStart> {
+    /// Start a read-back check: the read to run off the event loop, or `None` when there is
+    /// nothing committed to check against.
+    fn begin_check(&mut self) -> Option<ReadJob> {
         None
     }
 
     /// Compare a read-back begun with [`Backend::begin_check`]; `None` when it can no longer
     /// be judged (a failed sync since, which forces a full sync anyway).
     fn finish_check(&mut self, _read: &Readback) -> Option<CheckResult> {
+        None
+    }
+
+    /// The next step of a check whose read left sets to look at ([`CheckResult::more`]),
+    /// taking about `budget` on the event loop, between syncs; `None` when no such check is
+    /// in hand (a failed sync since ends it: the full sync that follows repairs anyway).
+    fn check_step(&mut self, _budget: Duration) -> Option<Result<CheckStep, BackendError>> {
         None
     }
 

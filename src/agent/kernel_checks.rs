@@ -3,7 +3,7 @@
 //! iptables mode's canary chains.
 
 use super::{Agent, KernelRead};
-use dataplane::backend::{CheckStart, Subscribe};
+use dataplane::backend::{CheckResult, CheckStep, Subscribe};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -47,9 +47,14 @@ pub(super) fn watch_changes(subscribe: Option<Subscribe>) -> mpsc::Receiver<()> 
     rx
 }
 
+/// How long one step of a check's lookups may hold the event loop: a sync that comes due
+/// meanwhile waits at most this long (the bound is 2 ms).
+pub(super) const LOOKUP_BUDGET: Duration = Duration::from_millis(1);
+
 impl Agent {
     /// The background read of the periodic check is back: compare, and repair in full if
-    /// the kernel no longer holds what we programmed.
+    /// the kernel no longer holds what we programmed; where the read left sets out, look
+    /// their elements up next, in steps between syncs ([`Self::look_up`]).
     pub(super) fn checked(&mut self, (read, started): KernelRead) {
         self.checking = false;
         let read = match read {
@@ -66,15 +71,62 @@ impl Agent {
             .kernel_checks_by
             .with_label_values(&["read"])
             .inc();
+        let comparing = Instant::now();
         let result = self.backend.finish_check(&read);
+        let compared = comparing.elapsed();
         // Freeing 100k elements takes tens of milliseconds; not on the event loop.
         tokio::task::spawn_blocking(move || drop(read));
-        self.metrics
-            .kernel_checks
-            .observe(started.elapsed().as_secs_f64());
         let Some(check) = result else {
             return;
         };
+        tracing::debug!(
+            "periodic check: read back in {:?}, compared in {compared:?}",
+            comparing.duration_since(started)
+        );
+        if check.more {
+            self.checking = true;
+            self.looking = Some(started);
+            return;
+        }
+        self.metrics
+            .kernel_checks
+            .observe(started.elapsed().as_secs_f64());
+        self.judge(check);
+    }
+
+    /// One step of the lookups a check's read left: the agent's loop runs it whenever it
+    /// has nothing else to do, so a sync waits at most [`LOOKUP_BUDGET`] for it.
+    pub(super) fn look_up(&mut self) {
+        let Some(started) = self.looking else {
+            return;
+        };
+        let backend = &mut self.backend;
+        let step = tokio::task::block_in_place(|| backend.check_step(LOOKUP_BUDGET));
+        let check = match step {
+            Some(Ok(CheckStep::More)) => return,
+            Some(Ok(CheckStep::Done(check))) => Some(check),
+            Some(Err(e)) => {
+                tracing::warn!(
+                    "cannot look our large sets up in the kernel for the periodic check: {e}; syncing in full"
+                );
+                self.schedule.require_full();
+                None
+            }
+            // Ended by a failed sync, whose full retry repairs anyway.
+            None => None,
+        };
+        self.looking = None;
+        self.checking = false;
+        if let Some(check) = check {
+            self.metrics
+                .kernel_checks
+                .observe(started.elapsed().as_secs_f64());
+            self.judge(check);
+        }
+    }
+
+    /// What a check found: nothing, differences to repair, or differences to confirm first.
+    fn judge(&mut self, check: CheckResult) {
         if check.differences.is_empty() {
             self.suspect.clear();
             tracing::debug!("periodic check: the kernel holds what was programmed");
@@ -125,24 +177,10 @@ impl Agent {
         self.start_check(Instant::now());
     }
 
-    /// Read the kernel back in the background; [`Self::checked`] gets the result. Where
-    /// the read would cost more than a repair (100k services: the kernel's dump of a 1M
-    /// element map takes it tens of seconds), the next sync is a full one instead.
+    /// Read the kernel back in the background; [`Self::checked`] gets the result.
     pub(super) fn start_check(&mut self, now: Instant) {
-        let read = match self.backend.begin_check() {
-            None => return,
-            Some(CheckStart::Read(read)) => read,
-            Some(CheckStart::Repair) => {
-                self.metrics
-                    .kernel_checks_by
-                    .with_label_values(&["repair"])
-                    .inc();
-                tracing::info!(
-                    "checking the kernel: our tables are too large to read back; repairing them with a full sync"
-                );
-                self.schedule.require_full();
-                return;
-            }
+        let Some(read) = self.backend.begin_check() else {
+            return;
         };
         self.checking = true;
         let tx = self.checked_tx.clone();

@@ -213,6 +213,7 @@ async fn run_async(
         unsynced: Changes::default(),
         checked_tx,
         checking: false,
+        looking: None,
         suspect: BTreeSet::new(),
         leftovers: Some(cfg.mode),
     };
@@ -245,6 +246,10 @@ async fn run_async(
                 }
             }
             Some(read) = checked_rx.recv() => agent.checked(read),
+            // Between all else: after a yield to the runtime's other tasks. tokio picks
+            // among ready branches at random, so a sync that came due may wait for one
+            // step ([`kernel_checks::LOOKUP_BUDGET`]).
+            _ = tokio::task::yield_now(), if agent.looking.is_some() => agent.look_up(),
             Some(()) = commits_rx.recv() => agent.commit_seen(),
             _ = sleep => {
                 agent.sync();
@@ -283,7 +288,10 @@ struct Agent {
     unsynced: Changes,
     /// Where the background read of the periodic kernel check reports.
     checked_tx: mpsc::Sender<KernelRead>,
+    /// A check is in hand: its read runs, or its lookups go on.
     checking: bool,
+    /// A check's lookups go on between syncs ([`Self::look_up`]), since this instant.
+    looking: Option<Instant>,
     /// Differences the last check found in a read that overlapped commits, to confirm.
     suspect: BTreeSet<String>,
     service_health: service_health::Servers,

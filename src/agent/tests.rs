@@ -7,7 +7,7 @@ use super::*;
 use crate::config::ProxyConfig;
 use crate::manifests::Object;
 use crate::snapshot::NodeAddressSource;
-use dataplane::backend::{CheckResult, CheckStart, Upkeep};
+use dataplane::backend::{CheckResult, CheckStep, Upkeep};
 use dataplane::conntrack::Flow;
 use dataplane::model::{IpFamily, Snapshot};
 use k8s_openapi::api::core::v1::Service;
@@ -24,9 +24,10 @@ struct Script {
     fail_next: Option<Option<IpFamily>>,
     unchanged: bool,
     checks_begun: usize,
-    /// The kernel's state is too large to read back: checks repair instead.
-    too_large: bool,
     check: Option<CheckResult>,
+    /// What each step of a check's lookups answers, in turn.
+    steps: std::collections::VecDeque<CheckStep>,
+    steps_taken: usize,
 }
 
 struct FakeBackend(Arc<Mutex<Script>>);
@@ -77,17 +78,20 @@ impl Backend for FakeBackend {
         self.0.lock().unwrap().unchanged
     }
 
-    fn begin_check(&mut self) -> Option<CheckStart> {
-        let mut s = self.0.lock().unwrap();
-        s.checks_begun += 1;
-        if s.too_large {
-            return Some(CheckStart::Repair);
-        }
-        Some(CheckStart::Read(Box::new(|| Ok(Readback(Box::new(()))))))
+    fn begin_check(&mut self) -> Option<dataplane::backend::ReadJob> {
+        self.0.lock().unwrap().checks_begun += 1;
+        Some(Box::new(|| Ok(Readback(Box::new(())))))
     }
 
     fn finish_check(&mut self, _read: &Readback) -> Option<CheckResult> {
         self.0.lock().unwrap().check.clone()
+    }
+
+    fn check_step(&mut self, _budget: Duration) -> Option<Result<CheckStep, BackendError>> {
+        let mut s = self.0.lock().unwrap();
+        let step = s.steps.pop_front()?;
+        s.steps_taken += 1;
+        Some(Ok(step))
     }
 }
 
@@ -152,6 +156,7 @@ fn rig() -> Rig {
         unsynced: Changes::default(),
         checked_tx,
         checking: false,
+        looking: None,
         suspect: BTreeSet::new(),
         udp_frontends: UdpFrontends::default(),
         conntrack_failed: false,
@@ -320,27 +325,68 @@ async fn the_periodic_full_sync_gives_way_to_a_check_when_nobody_else_committed(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_check_of_tables_too_large_to_read_back_is_a_full_sync() {
+async fn sets_a_check_did_not_read_are_looked_up_in_steps_while_syncs_go_on() {
     let mut r = rig();
     r.agent.record(service("web", "10.96.0.20", "TCP"));
     r.agent.sync();
-    r.script.lock().unwrap().too_large = true;
-    // The periodic check: no read, the same sync is the full one.
+    let found = |lines: &[&str], more| CheckResult {
+        differences: lines.iter().map(|s| s.to_string()).collect(),
+        consistent: true,
+        more,
+    };
+    let begin = |r: &mut Rig, steps: Vec<CheckStep>| {
+        let mut s = r.script.lock().unwrap();
+        s.check = Some(found(&[], true));
+        s.steps = steps.into();
+        s.steps_taken = 0;
+    };
+
+    // The read found the rest whole; two steps of lookups, with a sync between them.
+    begin(
+        &mut r,
+        vec![CheckStep::More, CheckStep::Done(found(&[], false))],
+    );
+    r.agent.start_check(Instant::now());
+    r.deliver_check().await;
+    assert!(r.agent.looking.is_some() && r.agent.checking);
+    r.agent.look_up();
+    r.agent.record(service("api", "10.96.0.21", "TCP"));
+    r.agent.sync();
+    // Another check neither starts nor replaces the periodic sync meanwhile.
     periodic_due(&mut r.agent);
     r.agent.sync();
-    assert_eq!(r.scopes(), ["full", "full"]);
-    assert!(!r.agent.checking);
-    assert!(r
-        .agent
-        .metrics
-        .render()
-        .contains("switchyard_kernel_checks_total{method=\"repair\"} 1"));
-    // Someone else's commit to our table: the next sync repairs.
     r.agent.commit_seen();
+    assert_eq!(r.script.lock().unwrap().checks_begun, 1);
+    r.agent.look_up();
+    assert!(r.agent.looking.is_none() && !r.agent.checking);
+    assert_eq!(r.script.lock().unwrap().steps_taken, 2);
+    assert_eq!(r.scopes(), ["full", "ns/api", "nothing"]);
+    assert!(!r.agent.schedule.full_required());
+    let text = r.agent.metrics.render();
+    assert!(
+        text.contains("switchyard_kernel_check_duration_seconds_count 1"),
+        "one check, timed once it ended: {text}"
+    );
+
+    // The lookups find an element changed: a full sync repairs.
+    begin(
+        &mut r,
+        vec![CheckStep::Done(found(&["element e changed"], false))],
+    );
+    r.agent.start_check(Instant::now());
+    r.deliver_check().await;
+    r.agent.look_up();
+    assert!(r.agent.looking.is_none() && !r.agent.checking);
     assert!(r.agent.schedule.full_required());
     r.agent.sync();
-    assert_eq!(r.scopes(), ["full", "full", "full"]);
-    assert!(!r.agent.schedule.full_required());
+    assert_eq!(r.scopes().last().unwrap(), "full");
+
+    // Lookups the backend no longer has (a failed sync since ended them) end the check.
+    begin(&mut r, vec![]);
+    r.agent.start_check(Instant::now());
+    r.deliver_check().await;
+    r.agent.look_up();
+    assert!(r.agent.looking.is_none() && !r.agent.checking);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,6 +397,7 @@ async fn drift_seen_by_an_overlapping_read_is_confirmed_by_a_second_one() {
     let found = |lines: &[&str], consistent| CheckResult {
         differences: lines.iter().map(|s| s.to_string()).collect(),
         consistent,
+        more: false,
     };
 
     // A read that overlapped commits finds an element missing: read again, no repair yet.

@@ -148,6 +148,17 @@ impl Elements {
             .range::<str, _>((Bound::Included(start), Bound::Unbounded))
             .map(|e| (e.key(), e.value()))
     }
+
+    /// The elements whose keys come after `key` (all of them for `None`), in key order.
+    pub fn after<'a>(
+        &'a self,
+        key: Option<&str>,
+    ) -> impl Iterator<Item = (&'a str, Option<&'a str>)> + 'a {
+        let start = key.map_or(Bound::Unbounded, Bound::Excluded);
+        self.0
+            .range::<str, _>((start, Bound::Unbounded))
+            .map(|e| (e.key(), e.value()))
+    }
 }
 
 impl<'a> IntoIterator for &'a Elements {
@@ -211,6 +222,11 @@ mod tests {
             e.range_from("b . ").collect::<Vec<_>>(),
             [("b . 0", Some("")), ("b . 1", Some("x"))]
         );
+        assert_eq!(
+            e.after(Some("b . 0")).collect::<Vec<_>>(),
+            [("b . 1", Some("x"))]
+        );
+        assert_eq!(e.after(None).count(), 3);
         assert_eq!(e.insert("b . 1", Some("y")), Some(Some("x".to_string())));
         assert_eq!(e.get("b . 1"), Some(Some("y")));
         assert_eq!(e.remove("a"), Some(None));

@@ -123,12 +123,20 @@ pub trait NftExecutor {
     fn unchanged_between(&self, _from: u32, _to: u32) -> bool {
         false
     }
-    /// A read of our tables (and the generation it saw, when no commit overlapped it) that
-    /// can run on another thread, for the periodic check; `None` when this executor has
-    /// none.
-    fn background_read(&self) -> Option<BackgroundRead> {
+    /// A read of our tables (and the generation it saw, when no commit overlapped it),
+    /// without the elements of the sets `unread` names, that can run on another thread,
+    /// for the periodic check; `None` when this executor has none.
+    fn background_read(&self, _unread: Unread) -> Option<BackgroundRead> {
         None
     }
+    /// The elements of our set `set` in `family` with `keys`, looked up one by one rather
+    /// than dumped ([`super::netlink::look_up_on`]).
+    fn look_up(
+        &mut self,
+        family: IpFamily,
+        set: &str,
+        keys: &[&str],
+    ) -> Result<super::netlink::Found, NftError>;
     /// The kernel's notifications of commits naming our table; `None` when this executor
     /// has none (a fake: its tests call the agent's handlers directly).
     fn change_notifications(&self) -> Option<Subscribe> {
@@ -321,8 +329,24 @@ impl NftExecutor for NftKernel {
         lock(&self.seen).unchanged_between(from, to)
     }
 
-    fn background_read(&self) -> Option<BackgroundRead> {
-        Some(Box::new(read_kernel))
+    fn background_read(&self, unread: Unread) -> Option<BackgroundRead> {
+        Some(Box::new(move || {
+            read_kernel_without(&|f, name| unread.contains(&(f, name.to_string())))
+        }))
+    }
+
+    fn look_up(
+        &mut self,
+        family: IpFamily,
+        set: &str,
+        keys: &[&str],
+    ) -> Result<super::netlink::Found, NftError> {
+        // On the kept socket, between our commits: what it finds is what they left.
+        let result = super::netlink::look_up_on(self.socket()?, family, set, keys);
+        if result.is_err() {
+            self.drop_socket();
+        }
+        Ok(result?)
     }
 
     /// nf_tables' commit notifications (NFNLGRP_NFTABLES), only those naming our table.
@@ -474,9 +498,32 @@ impl NftExecutor for FakeNft {
         self.seen.unchanged_between(from, to)
     }
 
-    fn background_read(&self) -> Option<BackgroundRead> {
-        let (state, generation) = (self.state.clone(), self.generation);
-        Some(Box::new(move || Ok((state, Some(generation)))))
+    fn background_read(&self, unread: Unread) -> Option<BackgroundRead> {
+        let mut fake = self.clone();
+        let read = fake.read_without(&|f, name| unread.contains(&(f, name.to_string())));
+        let generation = self.generation;
+        Some(Box::new(move || Ok((read?, Some(generation)))))
+    }
+
+    fn look_up(
+        &mut self,
+        family: IpFamily,
+        set: &str,
+        keys: &[&str],
+    ) -> Result<super::netlink::Found, NftError> {
+        let elements = self
+            .state
+            .table(family)
+            .and_then(|t| t.sets.get(set))
+            .map(|s| &s.elements);
+        Ok(keys
+            .iter()
+            .map(|k| {
+                elements
+                    .and_then(|e| e.get(k))
+                    .map(|v| v.map(str::to_string))
+            })
+            .collect())
     }
 
     fn remembered(&mut self, family: IpFamily) -> Result<Elements, NftError> {

@@ -9,6 +9,7 @@ pub mod elements;
 pub mod generations;
 pub mod kernel;
 pub mod listing;
+pub mod lookups;
 pub mod netlink;
 pub mod ownership;
 pub mod plan;
@@ -19,19 +20,19 @@ pub mod verify;
 pub mod wire;
 
 use crate::backend::{
-    Backend, BackendError, CheckResult, CheckStart, FailureCounter, Readback, Scope, ServiceKey,
-    Subscribe, SyncReport, Upkeep,
+    Backend, BackendError, CheckResult, CheckStep, FailureCounter, ReadJob, Readback, Scope,
+    ServiceKey, Subscribe, SyncReport, Upkeep,
 };
 use crate::model::{IpFamily, Snapshot};
 use crate::tally::EndpointTally;
 use kernel::{NftError, NftExecutor, Unread};
 use ownership::Index;
 use std::collections::BTreeSet;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tables::Ruleset;
 
-/// Sets with more elements than this are not read back, and a check of the kernel that
-/// would have to read them syncs in full instead. The kernel's dump of a set walks it from
+/// Sets with more elements than this are not read back: a check of the kernel looks their
+/// elements up one by one instead ([`lookups`]). The kernel's dump of a set walks it from
 /// the first element again for each reply of about 32 KB, so reading a set costs it time
 /// quadratic in the set's size: a sync that read our 10k-service tables (120k elements)
 /// took 0.4 s, one that read the 100k-service ones (1.2M, a 1M-element backends map) 32 s
@@ -39,7 +40,8 @@ use tables::Ruleset;
 /// filled again in the sync's one transaction.
 pub const READ_LIMIT: usize = 100_000;
 
-/// The sets of `committed` too large to read back.
+/// The sets of `committed` too large to read back. Interval sets are always read: their
+/// elements are ranges, which lookups by key do not find.
 fn too_large(committed: &Ruleset, limit: usize) -> Unread {
     committed
         .tables
@@ -47,7 +49,7 @@ fn too_large(committed: &Ruleset, limit: usize) -> Unread {
         .flat_map(|(family, t)| {
             t.sets
                 .iter()
-                .filter(|(_, s)| s.elements.len() > limit)
+                .filter(|(_, s)| s.elements.len() > limit && !s.interval())
                 .map(move |(name, _)| (*family, name.clone()))
         })
         .collect()
@@ -81,6 +83,10 @@ pub struct NftBackend<E: NftExecutor> {
     applied: Option<Applied>,
     /// While a background read of the kernel runs: what our commits touched since it began.
     verifying: Option<verify::Recent>,
+    /// After a check's read: the sets it left out, to look up between syncs.
+    lookups: Option<lookups::Lookups>,
+    /// The lookups found differences in sets the repair does not read: it reports drift.
+    drift_looked_up: bool,
     /// The kernel generation at which the kernel is known to hold `applied`: set by a read
     /// no commit overlapped, carried over our own commits while each moves it on by one.
     /// Anyone else's commit breaks the chain, and then only a read can tell.
@@ -99,6 +105,8 @@ impl<E: NftExecutor> NftBackend<E> {
             exec,
             applied: None,
             verifying: None,
+            lookups: None,
+            drift_looked_up: false,
             held_at: None,
             // A restarted agent may find clients remembered by its predecessor.
             remembered: true,
@@ -144,7 +152,9 @@ impl<E: NftExecutor> NftBackend<E> {
         let applied = self.applied.as_ref()?;
         let differences = verify::differences(kernel, &applied.ruleset, &recent);
         if differences.is_empty() && recent.is_empty() && generation.is_some() {
-            // Nothing of ours was committed since the read, which found our state whole.
+            // Nothing of ours was committed since the read, which found our state whole
+            // (of the sets it left out, the lookups that follow take this back if they find
+            // otherwise; until they end the agent asks nothing of it).
             self.held_at = generation;
         }
         Some(differences)
@@ -329,7 +339,7 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
                 // Of what could be read: a set left unread is flushed and filled anyway.
                 let found =
                     verify::differences(&kernel, &applied.ruleset, &verify::Recent::default());
-                drift = !found.is_empty();
+                drift = !found.is_empty() || std::mem::take(&mut self.drift_looked_up);
                 self.held_at = at;
                 // The layout keeps an endpoint's slot as the previous state had it: for a
                 // set left unread, as we committed it (the set stays marked unread).
@@ -353,6 +363,7 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
             }
             (_, Some(applied)) => applied.ruleset,
             (_, None) => {
+                drift = std::mem::take(&mut self.drift_looked_up);
                 let unread = likely_too_large(snapshot, self.read_limit);
                 let (kernel, at) = self.read(&unread)?;
                 self.held_at = at;
@@ -410,31 +421,81 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
         NftBackend::kernel_unchanged(self)
     }
 
-    fn begin_check(&mut self) -> Option<CheckStart> {
-        let read = self.exec.background_read()?;
-        let large = self
-            .applied
-            .as_ref()
-            .is_some_and(|a| !too_large(&a.ruleset, self.read_limit).is_empty());
-        if large {
-            return Some(CheckStart::Repair);
-        }
+    fn begin_check(&mut self) -> Option<ReadJob> {
+        self.lookups = None;
+        let unread = too_large(&self.applied.as_ref()?.ruleset, self.read_limit);
+        let read = self.exec.background_read(unread)?;
         if !self.begin_verify() {
             return None;
         }
-        Some(CheckStart::Read(Box::new(move || {
+        Some(Box::new(move || {
             read()
                 .map(|r| Readback(Box::new(r)))
                 .map_err(BackendError::from)
-        })))
+        }))
     }
 
     fn finish_check(&mut self, read: &Readback) -> Option<CheckResult> {
         let (kernel, generation) = read.0.downcast_ref::<(Ruleset, Option<u32>)>()?;
         let differences = self.finish_verify(kernel, *generation)?;
+        // What the read left out is looked up next, if the rest held.
+        let unread: Unread = kernel
+            .tables
+            .iter()
+            .flat_map(|(f, t)| {
+                t.sets
+                    .iter()
+                    .filter(|(_, s)| s.unread)
+                    .map(move |(name, _)| (*f, name.clone()))
+            })
+            .collect();
+        let more = differences.is_empty() && !unread.is_empty();
+        if more {
+            self.lookups = Some(lookups::Lookups::new(unread));
+        }
         Some(CheckResult {
             differences,
             consistent: generation.is_some(),
+            more,
+        })
+    }
+
+    fn check_step(&mut self, budget: Duration) -> Option<Result<CheckStep, BackendError>> {
+        let (Some(lookups), Some(applied)) = (self.lookups.as_mut(), self.applied.as_ref()) else {
+            self.lookups = None;
+            return None;
+        };
+        let exec = &mut self.exec;
+        let step = lookups.step(&applied.ruleset, budget, &mut |family, set, keys| {
+            exec.look_up(family, set, keys)
+        });
+        // The read set `held_at` for the part it saw; the kernel holds what we committed
+        // only if the lookups find the rest whole too.
+        Some(match step {
+            Ok(lookups::Step::More) => Ok(CheckStep::More),
+            Ok(lookups::Step::Done(differences)) => {
+                tracing::debug!(
+                    "periodic check: looked up {} elements of the sets too large to read back in {} steps (the longest {:?})",
+                    lookups.looked_up,
+                    lookups.steps,
+                    lookups.longest
+                );
+                self.lookups = None;
+                if !differences.is_empty() {
+                    self.held_at = None;
+                    self.drift_looked_up = true;
+                }
+                Ok(CheckStep::Done(CheckResult {
+                    differences,
+                    consistent: true,
+                    more: false,
+                }))
+            }
+            Err(e) => {
+                self.lookups = None;
+                self.held_at = None;
+                Err(e.into())
+            }
         })
     }
 

@@ -39,6 +39,15 @@ pub struct Set {
     pub size: Option<u32>,
 }
 
+impl Set {
+    /// Declared with the interval flag: its elements are ranges, not single keys.
+    pub fn interval(&self) -> bool {
+        self.decl
+            .split(';')
+            .any(|part| part.trim().starts_with("flags") && part.contains("interval"))
+    }
+}
+
 /// A chain and its rules.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Chain {

@@ -6,7 +6,7 @@ use super::kernel::FakeNft;
 use super::plan;
 use super::tables::Ruleset;
 use super::NftBackend;
-use crate::backend::{Backend, CheckStart, Scope};
+use crate::backend::{Backend, CheckStep, Scope};
 use crate::model::*;
 use std::net::IpAddr;
 
@@ -300,10 +300,9 @@ fn only_our_own_commits_since_the_last_match_prove_the_kernel_unchanged() {
 
 /// At 100k services the backends map holds 1M elements, which the kernel takes 40 s to
 /// dump: a set over the read limit is not read back but flushed and filled in the same
-/// transaction, at start-up and in a repair; and a check that would have to read it
-/// repairs instead.
+/// transaction, at start-up and in a repair; and a check looks its elements up instead.
 #[test]
-fn sets_too_large_to_read_back_are_flushed_and_filled_and_checks_repair_instead() {
+fn sets_too_large_to_read_back_are_flushed_and_filled_and_checks_look_their_elements_up() {
     let s = crate::synth::cluster(4, 3);
     let backends = |be: &NftBackend<FakeNft>| {
         be.exec.state.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS]
@@ -328,7 +327,7 @@ fn sets_too_large_to_read_back_are_flushed_and_filled_and_checks_repair_instead(
     });
 
     // A restarted agent, its snapshot over the limit: the map is not read, but flushed.
-    let mut be = NftBackend::new(exec).with_read_limit(10);
+    let mut be = NftBackend::new(exec).with_read_limit(8);
     be.sync(&s, Scope::RepairAll).unwrap();
     let tx = be.exec.last.clone().unwrap();
     assert!(tx
@@ -381,11 +380,77 @@ fn sets_too_large_to_read_back_are_flushed_and_filled_and_checks_repair_instead(
     assert!(tx.ops.iter().any(|op| matches!(op, Op::FlushSet { .. })));
     assert_eq!(backends(&be), kept);
 
-    // A check would have to read it: it repairs instead. Under the limit it reads.
-    assert!(matches!(be.begin_check(), Some(CheckStart::Repair)));
+    // A check reads the rest and looks the map's elements up, between syncs.
+    assert_eq!(check(&mut be), (Vec::<String>::new(), true));
+    // A change of ours between the read and the lookups is no difference.
+    let fewer_yet = {
+        let mut f = fewer.clone();
+        crate::model::edit_endpoints(f.endpoints.get_mut(&svc).unwrap(), |eps| {
+            eps.remove(0);
+        });
+        f
+    };
+    let read = be.begin_check().unwrap()().unwrap();
+    be.sync(&fewer_yet, Scope::Services(&changed)).unwrap();
+    assert!(be.finish_check(&read).unwrap().more);
+    assert_eq!(steps(&mut be), Vec::<String>::new());
+    // Someone else's change to the map is found by the lookups alone.
+    let (key, _) = first_backend(&be);
+    be.exec.foreign(|rs| {
+        backends_mut(rs)
+            .elements
+            .insert(&key, Some("10.9.9.9 . 80"));
+    });
+    let (found, looked_up) = check(&mut be);
+    assert!(looked_up, "{found:?}");
+    assert_eq!(
+        found,
+        [format!(
+            "{} set backends: element {key} changed",
+            IpFamily::V4
+        )]
+    );
+    // The repair that follows reports drift, though what it reads holds none; the next not.
+    assert!(be.sync(&fewer_yet, Scope::RepairAll).unwrap().drift);
+    assert!(!be.sync(&fewer_yet, Scope::RepairAll).unwrap().drift);
+    // Under the limit there is nothing to look up.
     let mut small = NftBackend::new(be.exec.clone());
-    small.sync(&s, Scope::RepairAll).unwrap();
-    assert!(matches!(small.begin_check(), Some(CheckStart::Read(_))));
+    small.sync(&fewer_yet, Scope::RepairAll).unwrap();
+    assert_eq!(check(&mut small), (Vec::<String>::new(), false));
+}
+
+/// A check's read and, where it left sets out, its lookups to the end: what it found, and
+/// whether it looked anything up.
+fn check(be: &mut NftBackend<FakeNft>) -> (Vec<String>, bool) {
+    let read = be.begin_check().expect("a check")().expect("the read");
+    let result = be.finish_check(&read).expect("a result");
+    if !result.more {
+        return (result.differences, false);
+    }
+    (steps(be), true)
+}
+
+fn steps(be: &mut NftBackend<FakeNft>) -> Vec<String> {
+    for _ in 0..10_000 {
+        match be.check_step(std::time::Duration::ZERO) {
+            Some(Ok(CheckStep::More)) => continue,
+            Some(Ok(CheckStep::Done(r))) => {
+                assert!(r.consistent);
+                return r.differences;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    panic!("the lookups never end");
+}
+
+fn first_backend(be: &NftBackend<FakeNft>) -> (String, Option<String>) {
+    let (k, v) = be.exec.state.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS]
+        .elements
+        .iter()
+        .next()
+        .unwrap();
+    (k.to_string(), v.map(str::to_string))
 }
 
 #[test]

@@ -1,0 +1,269 @@
+//! The periodic check's look at the sets too large to read back: each element we committed
+//! is looked up in the kernel, a few hundred at a time between syncs.
+//!
+//! A dump of a set restarts its walk for every reply, so reading one back costs the kernel
+//! time quadratic in its size (15 s of system time for a 1M-element map declared with a
+//! size, measured with `nft list map`); lookups are linear. They run on the event loop,
+//! between our commits, so the kernel they ask holds exactly what we committed unless
+//! someone else changed it: nothing of ours is in flight to leave out.
+//!
+//! What lookups cannot see is an element someone added under a key we never committed. In
+//! the sets this applies to, the backend maps (`front end . slot : endpoint`), no packet
+//! reaches such an element: a front end's slots are numbered below its endpoint count, and
+//! front ends come from the smaller maps, which the check reads whole.
+
+use super::kernel::{NftError, Unread};
+use super::netlink::Found;
+use super::tables::Ruleset;
+use crate::model::IpFamily;
+use std::time::{Duration, Instant};
+
+/// Looks keys of a set up in the kernel ([`super::kernel::NftExecutor::look_up`]).
+pub type LookUp<'a> = dyn FnMut(IpFamily, &str, &[&str]) -> Result<Found, NftError> + 'a;
+
+/// Keys per call of the executor; the step checks its budget between calls.
+const PER_CALL: usize = 128;
+
+/// How far the lookups have come.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lookups {
+    sets: Vec<(IpFamily, String)>,
+    /// The set being looked at (an index into `sets`), and the last key looked up in it.
+    at: usize,
+    after: Option<String>,
+    /// Elements looked up, steps taken and the longest of them, for the log.
+    pub looked_up: usize,
+    pub steps: usize,
+    pub longest: Duration,
+}
+
+/// What one step came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    More,
+    /// Finished: the differences found (the lookups stop at the first call that finds any;
+    /// a repair follows anyway).
+    Done(Vec<String>),
+}
+
+impl Lookups {
+    pub fn new(sets: Unread) -> Lookups {
+        Lookups {
+            sets: sets.into_iter().collect(),
+            at: 0,
+            after: None,
+            looked_up: 0,
+            steps: 0,
+            longest: Duration::ZERO,
+        }
+    }
+
+    /// Look elements of `committed` up with `look_up` until `budget` is spent or the sets
+    /// are done.
+    pub fn step(
+        &mut self,
+        committed: &Ruleset,
+        budget: Duration,
+        look_up: &mut LookUp<'_>,
+    ) -> Result<Step, NftError> {
+        let started = Instant::now();
+        self.steps += 1;
+        let step = self.look_until(committed, budget, started, look_up);
+        self.longest = self.longest.max(started.elapsed());
+        step
+    }
+
+    fn look_until(
+        &mut self,
+        committed: &Ruleset,
+        budget: Duration,
+        started: Instant,
+        look_up: &mut LookUp<'_>,
+    ) -> Result<Step, NftError> {
+        loop {
+            let Some((family, name)) = self.sets.get(self.at) else {
+                return Ok(Step::Done(Vec::new()));
+            };
+            let ours: Vec<(&str, Option<&str>)> = committed
+                .table(*family)
+                .and_then(|t| t.sets.get(name))
+                .map(|s| {
+                    s.elements
+                        .after(self.after.as_deref())
+                        .take(PER_CALL)
+                        .collect()
+                })
+                .unwrap_or_default();
+            if ours.is_empty() {
+                self.at += 1;
+                self.after = None;
+                continue;
+            }
+            let keys: Vec<&str> = ours.iter().map(|(k, _)| *k).collect();
+            let found = look_up(*family, name, &keys)?;
+            self.looked_up += keys.len();
+            let differences: Vec<String> = ours
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (key, value))| {
+                    let what = match found.get(i) {
+                        Some(Some(theirs)) if theirs.as_deref() == *value => return None,
+                        Some(Some(_)) => "changed",
+                        Some(None) | None => "missing",
+                    };
+                    Some(format!("{family} set {name}: element {key} {what}"))
+                })
+                .collect();
+            if !differences.is_empty() {
+                return Ok(Step::Done(differences));
+            }
+            self.after = keys.last().map(|k| k.to_string());
+            if started.elapsed() >= budget {
+                return Ok(Step::More);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nft::elements::Elements;
+    use crate::nft::tables::{Set, Table};
+
+    fn ruleset(elements: Elements) -> Ruleset {
+        let mut table = Table::default();
+        table.sets.insert(
+            "backends".into(),
+            Set {
+                map: true,
+                elements,
+                ..Set::default()
+            },
+        );
+        let mut rs = Ruleset::default();
+        rs.tables.insert(IpFamily::V4, table);
+        rs
+    }
+
+    fn elements(n: usize) -> Elements {
+        (0..n)
+            .map(|i| {
+                (
+                    format!("10.96.0.1 . tcp . 80 . {i:04}"),
+                    Some(format!("10.1.{}.1 . 80", i % 200)),
+                )
+            })
+            .collect()
+    }
+
+    fn large() -> Unread {
+        [(IpFamily::V4, "backends".to_string())].into()
+    }
+
+    /// Looks keys up in `kernel`, as the real one answers.
+    fn kernel_of(
+        kernel: &Ruleset,
+    ) -> impl FnMut(IpFamily, &str, &[&str]) -> Result<Found, NftError> + '_ {
+        move |family, set, keys| {
+            let e = kernel
+                .table(family)
+                .and_then(|t| t.sets.get(set))
+                .map(|s| &s.elements);
+            Ok(keys
+                .iter()
+                .map(|k| e.and_then(|e| e.get(k)).map(|v| v.map(str::to_string)))
+                .collect())
+        }
+    }
+
+    #[test]
+    fn every_element_is_looked_up_once_across_steps_and_a_kernel_that_holds_them_all_passes() {
+        let ours = ruleset(elements(1000));
+        let mut asked = Vec::new();
+        let mut look = |family: IpFamily, set: &str, keys: &[&str]| -> Result<Found, NftError> {
+            asked.extend(keys.iter().map(|k| k.to_string()));
+            kernel_of(&ours)(family, set, keys)
+        };
+        let mut lookups = Lookups::new(large());
+        let mut steps = 0;
+        let found = loop {
+            steps += 1;
+            // No budget: one call per step.
+            match lookups.step(&ours, Duration::ZERO, &mut look).unwrap() {
+                Step::More => continue,
+                Step::Done(d) => break d,
+            }
+        };
+        assert!(found.is_empty(), "{found:?}");
+        assert_eq!(steps, 1000usize.div_ceil(PER_CALL) + 1);
+        let all: Vec<String> = ours.tables[&IpFamily::V4].sets["backends"]
+            .elements
+            .keys()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(asked, all, "each key once, in order");
+    }
+
+    #[test]
+    fn a_missing_or_changed_element_is_found_and_ends_the_lookups() {
+        let ours = ruleset(elements(1000));
+        for change in ["missing", "changed"] {
+            let mut theirs = ours.clone();
+            let set = &mut theirs
+                .tables
+                .get_mut(&IpFamily::V4)
+                .unwrap()
+                .sets
+                .get_mut("backends")
+                .unwrap()
+                .elements;
+            let key = "10.96.0.1 . tcp . 80 . 0700";
+            match change {
+                "missing" => drop(set.remove(key)),
+                _ => drop(set.insert(key, Some("10.9.9.9 . 80"))),
+            }
+            let mut lookups = Lookups::new(large());
+            let mut look = kernel_of(&theirs);
+            let found = loop {
+                match lookups
+                    .step(&ours, Duration::from_secs(5), &mut look)
+                    .unwrap()
+                {
+                    Step::More => continue,
+                    Step::Done(d) => break d,
+                }
+            };
+            assert_eq!(
+                found,
+                [format!(
+                    "{} set backends: element {key} {change}",
+                    IpFamily::V4
+                )]
+            );
+        }
+    }
+
+    #[test]
+    fn a_set_no_longer_committed_is_skipped_and_an_error_is_passed_on() {
+        let ours = ruleset(elements(10));
+        let mut sets = large();
+        sets.insert((IpFamily::V6, "backends".to_string()));
+        let mut lookups = Lookups::new(sets);
+        let mut look = kernel_of(&ours);
+        assert_eq!(
+            lookups
+                .step(&ours, Duration::from_secs(5), &mut look)
+                .unwrap(),
+            Step::Done(vec![])
+        );
+
+        let mut failing = |_: IpFamily, _: &str, _: &[&str]| -> Result<Found, NftError> {
+            Err(NftError::Fake("socket gone".into()))
+        };
+        let mut lookups = Lookups::new(large());
+        assert!(lookups
+            .step(&ours, Duration::from_secs(5), &mut failing)
+            .is_err());
+    }
+}
