@@ -260,9 +260,6 @@ pub struct CheckResult {
     pub differences: Vec<String>,
     /// No commit (ours or anyone's) overlapped the read, so what it misses really is gone.
     pub consistent: bool,
-    /// The read left out sets too large to read back: unless it found differences, their
-    /// elements are looked at next, in steps between syncs ([`Backend::check_step`]).
-    pub more: bool,
 }
 
 impl CheckResult {
@@ -350,15 +347,16 @@ pub trait Backend {
         None
     }
 
-    /// Compare a read-back begun with [`Backend::begin_check`]; `None` when it can no longer
-    /// be judged (a failed sync since, which forces a full sync anyway).
-    fn finish_check(&mut self, _read: &Readback) -> Option<CheckResult> {
-        None
+    /// Hand over a read begun with [`Backend::begin_check`]: it is compared (and what it
+    /// left out looked at) in [`Backend::check_step`]s. False when it can no longer be
+    /// judged (a failed sync since, which forces a full sync anyway).
+    fn finish_check(&mut self, _read: Readback) -> bool {
+        false
     }
 
-    /// The next step of a check whose read left sets to look at ([`CheckResult::more`]),
-    /// taking about `budget` on the event loop, between syncs; `None` when no such check is
-    /// in hand (a failed sync since ends it: the full sync that follows repairs anyway).
+    /// The next step of a check whose read was handed over, taking about `budget` on the
+    /// event loop, between syncs; `None` when no check is in hand (a failed sync since
+    /// ends it: the full sync that follows repairs anyway).
     fn check_step(&mut self, _budget: Duration) -> Option<Result<CheckStep, BackendError>> {
         None
     }

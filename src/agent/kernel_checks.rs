@@ -47,14 +47,32 @@ pub(super) fn watch_changes(subscribe: Option<Subscribe>) -> mpsc::Receiver<()> 
     rx
 }
 
-/// How long one step of a check's lookups may hold the event loop: a sync that comes due
-/// meanwhile waits at most this long (the bound is 2 ms).
-pub(super) const LOOKUP_BUDGET: Duration = Duration::from_millis(1);
+/// How long one step of a check (comparing, looking up) may hold the event loop: a sync
+/// that comes due meanwhile waits about this long at most.
+pub(super) const CHECK_STEP: Duration = Duration::from_millis(1);
+
+/// A check going on in steps between syncs.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Stepping {
+    started: Instant,
+    steps: usize,
+    longest: Duration,
+}
+
+impl Stepping {
+    fn since(started: Instant) -> Stepping {
+        Stepping {
+            started,
+            steps: 0,
+            longest: Duration::ZERO,
+        }
+    }
+}
 
 impl Agent {
-    /// The background read of the periodic check is back: compare, and repair in full if
-    /// the kernel no longer holds what we programmed; where the read left sets out, look
-    /// their elements up next, in steps between syncs ([`Self::look_up`]).
+    /// The background read of the periodic check is back: the backend compares it (and
+    /// looks up what it left out) in steps between syncs ([`Self::check_step`]), then a
+    /// full sync repairs if the kernel no longer holds what we programmed.
     pub(super) fn checked(&mut self, (read, started): KernelRead) {
         self.checking = false;
         let read = match read {
@@ -71,37 +89,24 @@ impl Agent {
             .kernel_checks_by
             .with_label_values(&["read"])
             .inc();
-        let comparing = Instant::now();
-        let result = self.backend.finish_check(&read);
-        let compared = comparing.elapsed();
-        // Freeing 100k elements takes tens of milliseconds; not on the event loop.
-        tokio::task::spawn_blocking(move || drop(read));
-        let Some(check) = result else {
-            return;
-        };
-        tracing::debug!(
-            "periodic check: read back in {:?}, compared in {compared:?}",
-            comparing.duration_since(started)
-        );
-        if check.more {
+        tracing::debug!("periodic check: read back in {:?}", started.elapsed());
+        if self.backend.finish_check(read) {
             self.checking = true;
-            self.looking = Some(started);
-            return;
+            self.stepping = Some(Stepping::since(started));
         }
-        self.metrics
-            .kernel_checks
-            .observe(started.elapsed().as_secs_f64());
-        self.judge(check);
     }
 
-    /// One step of the lookups a check's read left: the agent's loop runs it whenever it
-    /// has nothing else to do, so a sync waits at most [`LOOKUP_BUDGET`] for it.
-    pub(super) fn look_up(&mut self) {
-        let Some(started) = self.looking else {
+    /// One step of the check in hand: the agent's loop runs it whenever it has nothing
+    /// else to do, so a sync waits at most [`CHECK_STEP`] for it.
+    pub(super) fn check_step(&mut self) {
+        let Some(stepping) = self.stepping.as_mut() else {
             return;
         };
         let backend = &mut self.backend;
-        let step = tokio::task::block_in_place(|| backend.check_step(LOOKUP_BUDGET));
+        let t = Instant::now();
+        let step = tokio::task::block_in_place(|| backend.check_step(CHECK_STEP));
+        stepping.steps += 1;
+        stepping.longest = stepping.longest.max(t.elapsed());
         let check = match step {
             Some(Ok(CheckStep::More)) => return,
             Some(Ok(CheckStep::Done(check))) => Some(check),
@@ -115,12 +120,17 @@ impl Agent {
             // Ended by a failed sync, whose full retry repairs anyway.
             None => None,
         };
-        self.looking = None;
+        let stepping = self.stepping.take().unwrap_or_else(|| Stepping::since(t));
         self.checking = false;
+        tracing::debug!(
+            "periodic check: {} steps between syncs, the longest {:?}",
+            stepping.steps,
+            stepping.longest
+        );
         if let Some(check) = check {
             self.metrics
                 .kernel_checks
-                .observe(started.elapsed().as_secs_f64());
+                .observe(stepping.started.elapsed().as_secs_f64());
             self.judge(check);
         }
     }

@@ -213,7 +213,7 @@ async fn run_async(
         unsynced: Changes::default(),
         checked_tx,
         checking: false,
-        looking: None,
+        stepping: None,
         suspect: BTreeSet::new(),
         leftovers: Some(cfg.mode),
     };
@@ -248,8 +248,8 @@ async fn run_async(
             Some(read) = checked_rx.recv() => agent.checked(read),
             // Between all else: after a yield to the runtime's other tasks. tokio picks
             // among ready branches at random, so a sync that came due may wait for one
-            // step ([`kernel_checks::LOOKUP_BUDGET`]).
-            _ = tokio::task::yield_now(), if agent.looking.is_some() => agent.look_up(),
+            // step ([`kernel_checks::CHECK_STEP`]).
+            _ = tokio::task::yield_now(), if agent.stepping.is_some() => agent.check_step(),
             Some(()) = commits_rx.recv() => agent.commit_seen(),
             _ = sleep => {
                 agent.sync();
@@ -290,8 +290,9 @@ struct Agent {
     checked_tx: mpsc::Sender<KernelRead>,
     /// A check is in hand: its read runs, or its lookups go on.
     checking: bool,
-    /// A check's lookups go on between syncs ([`Self::look_up`]), since this instant.
-    looking: Option<Instant>,
+    /// A check's comparison and lookups go on between syncs ([`Self::check_step`]); it
+    /// began at this instant.
+    stepping: Option<kernel_checks::Stepping>,
     /// Differences the last check found in a read that overlapped commits, to confirm.
     suspect: BTreeSet<String>,
     service_health: service_health::Servers,

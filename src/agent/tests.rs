@@ -83,13 +83,18 @@ impl Backend for FakeBackend {
         Some(Box::new(|| Ok(Readback(Box::new(())))))
     }
 
-    fn finish_check(&mut self, _read: &Readback) -> Option<CheckResult> {
-        self.0.lock().unwrap().check.clone()
+    fn finish_check(&mut self, _read: Readback) -> bool {
+        let s = self.0.lock().unwrap();
+        s.check.is_some() || !s.steps.is_empty()
     }
 
+    /// The scripted steps, then the scripted result.
     fn check_step(&mut self, _budget: Duration) -> Option<Result<CheckStep, BackendError>> {
         let mut s = self.0.lock().unwrap();
-        let step = s.steps.pop_front()?;
+        let step = match s.steps.pop_front() {
+            Some(step) => step,
+            None => CheckStep::Done(s.check.clone()?),
+        };
         s.steps_taken += 1;
         Some(Ok(step))
     }
@@ -156,7 +161,7 @@ fn rig() -> Rig {
         unsynced: Changes::default(),
         checked_tx,
         checking: false,
-        looking: None,
+        stepping: None,
         suspect: BTreeSet::new(),
         udp_frontends: UdpFrontends::default(),
         conntrack_failed: false,
@@ -208,12 +213,24 @@ impl Rig {
     }
 
     /// The background read the agent started, as its event loop would hand it back.
-    async fn deliver_check(&mut self) {
+    async fn deliver_read(&mut self) {
         let read = tokio::time::timeout(Duration::from_secs(5), self.checked_rx.recv())
             .await
             .expect("a check was started")
             .expect("the channel is open");
         self.agent.checked(read);
+    }
+
+    /// The read, and the check's steps to its end.
+    async fn deliver_check(&mut self) {
+        self.deliver_read().await;
+        for _ in 0..100 {
+            if self.agent.stepping.is_none() {
+                return;
+            }
+            self.agent.check_step();
+        }
+        panic!("the check never ended");
     }
 }
 
@@ -325,31 +342,27 @@ async fn the_periodic_full_sync_gives_way_to_a_check_when_nobody_else_committed(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sets_a_check_did_not_read_are_looked_up_in_steps_while_syncs_go_on() {
+async fn a_check_goes_on_in_steps_while_syncs_go_on() {
     let mut r = rig();
     r.agent.record(service("web", "10.96.0.20", "TCP"));
     r.agent.sync();
-    let found = |lines: &[&str], more| CheckResult {
+    let found = |lines: &[&str]| CheckResult {
         differences: lines.iter().map(|s| s.to_string()).collect(),
         consistent: true,
-        more,
     };
     let begin = |r: &mut Rig, steps: Vec<CheckStep>| {
         let mut s = r.script.lock().unwrap();
-        s.check = Some(found(&[], true));
+        s.check = None;
         s.steps = steps.into();
         s.steps_taken = 0;
     };
 
-    // The read found the rest whole; two steps of lookups, with a sync between them.
-    begin(
-        &mut r,
-        vec![CheckStep::More, CheckStep::Done(found(&[], false))],
-    );
+    // Two steps (comparing, looking up), with a sync between them.
+    begin(&mut r, vec![CheckStep::More, CheckStep::Done(found(&[]))]);
     r.agent.start_check(Instant::now());
-    r.deliver_check().await;
-    assert!(r.agent.looking.is_some() && r.agent.checking);
-    r.agent.look_up();
+    r.deliver_read().await;
+    assert!(r.agent.stepping.is_some() && r.agent.checking);
+    r.agent.check_step();
     r.agent.record(service("api", "10.96.0.21", "TCP"));
     r.agent.sync();
     // Another check neither starts nor replaces the periodic sync meanwhile.
@@ -357,8 +370,8 @@ async fn sets_a_check_did_not_read_are_looked_up_in_steps_while_syncs_go_on() {
     r.agent.sync();
     r.agent.commit_seen();
     assert_eq!(r.script.lock().unwrap().checks_begun, 1);
-    r.agent.look_up();
-    assert!(r.agent.looking.is_none() && !r.agent.checking);
+    r.agent.check_step();
+    assert!(r.agent.stepping.is_none() && !r.agent.checking);
     assert_eq!(r.script.lock().unwrap().steps_taken, 2);
     assert_eq!(r.scopes(), ["full", "ns/api", "nothing"]);
     assert!(!r.agent.schedule.full_required());
@@ -368,25 +381,20 @@ async fn sets_a_check_did_not_read_are_looked_up_in_steps_while_syncs_go_on() {
         "one check, timed once it ended: {text}"
     );
 
-    // The lookups find an element changed: a full sync repairs.
-    begin(
-        &mut r,
-        vec![CheckStep::Done(found(&["element e changed"], false))],
-    );
+    // A step finds an element changed: a full sync repairs.
+    begin(&mut r, vec![CheckStep::Done(found(&["element e changed"]))]);
     r.agent.start_check(Instant::now());
     r.deliver_check().await;
-    r.agent.look_up();
-    assert!(r.agent.looking.is_none() && !r.agent.checking);
+    assert!(!r.agent.checking);
     assert!(r.agent.schedule.full_required());
     r.agent.sync();
     assert_eq!(r.scopes().last().unwrap(), "full");
 
-    // Lookups the backend no longer has (a failed sync since ended them) end the check.
+    // A read the backend can no longer judge (a failed sync since) ends the check at once.
     begin(&mut r, vec![]);
     r.agent.start_check(Instant::now());
-    r.deliver_check().await;
-    r.agent.look_up();
-    assert!(r.agent.looking.is_none() && !r.agent.checking);
+    r.deliver_read().await;
+    assert!(r.agent.stepping.is_none() && !r.agent.checking);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -397,7 +405,6 @@ async fn drift_seen_by_an_overlapping_read_is_confirmed_by_a_second_one() {
     let found = |lines: &[&str], consistent| CheckResult {
         differences: lines.iter().map(|s| s.to_string()).collect(),
         consistent,
-        more: false,
     };
 
     // A read that overlapped commits finds an element missing: read again, no repair yet.

@@ -429,6 +429,8 @@ pub struct FakeNft {
     pub foreign_after_next_commit: bool,
     /// Generations committed that the listener has not seen yet.
     pub unseen: Vec<u32>,
+    /// Keys looked up so far.
+    pub looked_up: usize,
 }
 
 impl FakeNft {
@@ -511,6 +513,7 @@ impl NftExecutor for FakeNft {
         set: &str,
         keys: &[&str],
     ) -> Result<super::netlink::Found, NftError> {
+        self.looked_up += keys.len();
         let elements = self
             .state
             .table(family)

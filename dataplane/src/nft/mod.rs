@@ -3,6 +3,7 @@
 //! and `kernel` (the netlink reads and the commit).
 
 pub mod affinity;
+mod checking;
 pub mod commits;
 pub mod diff;
 pub mod elements;
@@ -20,8 +21,8 @@ pub mod verify;
 pub mod wire;
 
 use crate::backend::{
-    Backend, BackendError, CheckResult, CheckStep, FailureCounter, ReadJob, Readback, Scope,
-    ServiceKey, Subscribe, SyncReport, Upkeep,
+    Backend, BackendError, CheckStep, FailureCounter, ReadJob, Readback, Scope, ServiceKey,
+    Subscribe, SyncReport, Upkeep,
 };
 use crate::model::{IpFamily, Snapshot};
 use crate::tally::EndpointTally;
@@ -83,8 +84,8 @@ pub struct NftBackend<E: NftExecutor> {
     applied: Option<Applied>,
     /// While a background read of the kernel runs: what our commits touched since it began.
     verifying: Option<verify::Recent>,
-    /// After a check's read: the sets it left out, to look up between syncs.
-    lookups: Option<lookups::Lookups>,
+    /// A check whose read is back: being compared, then its left-out sets looked up.
+    check: Option<checking::Check>,
     /// The lookups found differences in sets the repair does not read: it reports drift.
     drift_looked_up: bool,
     /// The kernel generation at which the kernel is known to hold `applied`: set by a read
@@ -105,7 +106,7 @@ impl<E: NftExecutor> NftBackend<E> {
             exec,
             applied: None,
             verifying: None,
-            lookups: None,
+            check: None,
             drift_looked_up: false,
             held_at: None,
             // A restarted agent may find clients remembered by its predecessor.
@@ -137,27 +138,6 @@ impl<E: NftExecutor> NftBackend<E> {
     pub fn begin_verify(&mut self) -> bool {
         self.verifying = self.applied.as_ref().map(|_| verify::Recent::default());
         self.verifying.is_some()
-    }
-
-    /// How `kernel`, read since [`Self::begin_verify`] at `generation` (`None`: commits
-    /// overlapped the read), differs from what was committed, leaving out what was
-    /// committed meanwhile; `None` when there is nothing to compare (no verification
-    /// begun, or a failed sync since, which forces a full sync anyway).
-    pub fn finish_verify(
-        &mut self,
-        kernel: &Ruleset,
-        generation: Option<u32>,
-    ) -> Option<Vec<String>> {
-        let recent = self.verifying.take()?;
-        let applied = self.applied.as_ref()?;
-        let differences = verify::differences(kernel, &applied.ruleset, &recent);
-        if differences.is_empty() && recent.is_empty() && generation.is_some() {
-            // Nothing of ours was committed since the read, which found our state whole
-            // (of the sets it left out, the lookups that follow take this back if they find
-            // otherwise; until they end the agent asks nothing of it).
-            self.held_at = generation;
-        }
-        Some(differences)
     }
 
     /// Whether nobody but us has changed our tables since the kernel was last known to
@@ -422,81 +402,15 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
     }
 
     fn begin_check(&mut self) -> Option<ReadJob> {
-        self.lookups = None;
-        let unread = too_large(&self.applied.as_ref()?.ruleset, self.read_limit);
-        let read = self.exec.background_read(unread)?;
-        if !self.begin_verify() {
-            return None;
-        }
-        Some(Box::new(move || {
-            read()
-                .map(|r| Readback(Box::new(r)))
-                .map_err(BackendError::from)
-        }))
+        self.begin_check_read()
     }
 
-    fn finish_check(&mut self, read: &Readback) -> Option<CheckResult> {
-        let (kernel, generation) = read.0.downcast_ref::<(Ruleset, Option<u32>)>()?;
-        let differences = self.finish_verify(kernel, *generation)?;
-        // What the read left out is looked up next, if the rest held.
-        let unread: Unread = kernel
-            .tables
-            .iter()
-            .flat_map(|(f, t)| {
-                t.sets
-                    .iter()
-                    .filter(|(_, s)| s.unread)
-                    .map(move |(name, _)| (*f, name.clone()))
-            })
-            .collect();
-        let more = differences.is_empty() && !unread.is_empty();
-        if more {
-            self.lookups = Some(lookups::Lookups::new(unread));
-        }
-        Some(CheckResult {
-            differences,
-            consistent: generation.is_some(),
-            more,
-        })
+    fn finish_check(&mut self, read: Readback) -> bool {
+        self.finish_check_read(read)
     }
 
     fn check_step(&mut self, budget: Duration) -> Option<Result<CheckStep, BackendError>> {
-        let (Some(lookups), Some(applied)) = (self.lookups.as_mut(), self.applied.as_ref()) else {
-            self.lookups = None;
-            return None;
-        };
-        let exec = &mut self.exec;
-        let step = lookups.step(&applied.ruleset, budget, &mut |family, set, keys| {
-            exec.look_up(family, set, keys)
-        });
-        // The read set `held_at` for the part it saw; the kernel holds what we committed
-        // only if the lookups find the rest whole too.
-        Some(match step {
-            Ok(lookups::Step::More) => Ok(CheckStep::More),
-            Ok(lookups::Step::Done(differences)) => {
-                tracing::debug!(
-                    "periodic check: looked up {} elements of the sets too large to read back in {} steps (the longest {:?})",
-                    lookups.looked_up,
-                    lookups.steps,
-                    lookups.longest
-                );
-                self.lookups = None;
-                if !differences.is_empty() {
-                    self.held_at = None;
-                    self.drift_looked_up = true;
-                }
-                Ok(CheckStep::Done(CheckResult {
-                    differences,
-                    consistent: true,
-                    more: false,
-                }))
-            }
-            Err(e) => {
-                self.lookups = None;
-                self.held_at = None;
-                Err(e.into())
-            }
-        })
+        self.next_check_step(budget)
     }
 
     fn failure_counter(&self) -> Option<FailureCounter> {

@@ -5,9 +5,10 @@
 //! whatever a commit touched while the read ran may show either version, and is left out.
 
 use super::diff::{Op, Transaction};
-use super::tables::Ruleset;
+use super::tables::{Ruleset, Table};
 use crate::model::IpFamily;
 use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 /// What commits touched since a background read began.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -64,69 +65,192 @@ impl Recent {
 /// How `kernel` differs from `committed`, leaving out what `recent` commits touched; empty
 /// when the kernel holds what we programmed.
 pub fn differences(kernel: &Ruleset, committed: &Ruleset, recent: &Recent) -> Vec<String> {
-    if recent.tables {
-        return Vec::new();
+    let mut comparison = Comparison::new(kernel, committed);
+    loop {
+        if let Some(found) = comparison.step(kernel, committed, recent, Duration::MAX) {
+            return found;
+        }
     }
-    let mut out = Vec::new();
-    let families: HashSet<IpFamily> = kernel
-        .tables
-        .keys()
-        .chain(committed.tables.keys())
-        .copied()
-        .collect();
-    for family in IpFamily::ALL.into_iter().filter(|f| families.contains(f)) {
-        let (k, c) = match (kernel.table(family), committed.table(family)) {
-            (Some(k), Some(c)) => (k, c),
-            (None, Some(_)) => {
-                out.push(format!("{family} table missing"));
-                continue;
+}
+
+/// Elements compared between looks at the clock.
+const PER_CHUNK: usize = 2048;
+
+/// One part of a comparison.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Table(IpFamily),
+    /// One of our sets; its elements in chunks.
+    Set(IpFamily, String),
+    /// Sets in the kernel's table that are not ours.
+    OtherSets(IpFamily),
+    Chains(IpFamily),
+}
+
+/// [`differences`] a part at a time, so that comparing a 100k-service table can go on
+/// between syncs rather than hold one for tens of milliseconds. Sound across our commits:
+/// the comparison is with what we committed when each part is compared, and what our
+/// commits touched since the read began (`recent`, which grows meanwhile) is left out, so
+/// whatever is compared has not changed since the read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Comparison {
+    parts: Vec<Part>,
+    at: usize,
+    /// In a set: the last key compared.
+    after: Option<String>,
+    found: Vec<String>,
+}
+
+impl Comparison {
+    pub fn new(kernel: &Ruleset, committed: &Ruleset) -> Comparison {
+        let families: HashSet<IpFamily> = kernel
+            .tables
+            .keys()
+            .chain(committed.tables.keys())
+            .copied()
+            .collect();
+        let mut parts = Vec::new();
+        for family in IpFamily::ALL.into_iter().filter(|f| families.contains(f)) {
+            parts.push(Part::Table(family));
+            if let Some(c) = committed.table(family) {
+                parts.extend(c.sets.keys().map(|n| Part::Set(family, n.clone())));
             }
-            (Some(_), None) => {
-                out.push(format!("{family} table present, not ours any more"));
-                continue;
-            }
-            (None, None) => continue,
-        };
-        for (name, set) in &c.sets {
-            let Some(ks) = k.sets.get(name) else {
-                out.push(format!("{family} set {name} missing"));
-                continue;
+            parts.push(Part::OtherSets(family));
+            parts.push(Part::Chains(family));
+        }
+        Comparison {
+            parts,
+            at: 0,
+            after: None,
+            found: Vec::new(),
+        }
+    }
+
+    /// Compare until `budget` is spent; the differences once every part is compared.
+    pub fn step(
+        &mut self,
+        kernel: &Ruleset,
+        committed: &Ruleset,
+        recent: &Recent,
+        budget: Duration,
+    ) -> Option<Vec<String>> {
+        if recent.tables {
+            // A layout of ours changed while the read ran: it may show either.
+            return Some(Vec::new());
+        }
+        let started = Instant::now();
+        while let Some(part) = self.parts.get(self.at) {
+            let family = match part {
+                Part::Table(f) | Part::Set(f, _) | Part::OtherSets(f) | Part::Chains(f) => *f,
             };
-            if ks.fingerprint != set.fingerprint {
-                out.push(format!("{family} set {name} redeclared"));
-            }
-            if ks.unread {
-                continue;
-            }
-            let touched = recent.elements.get(&(family, name.clone()));
-            let recent_key = |key: &str| touched.is_some_and(|t| t.contains(key));
-            for (key, ours, theirs) in side_by_side(set.elements.iter(), ks.elements.iter()) {
-                if ours == theirs || recent_key(key) {
-                    continue;
+            let (Some(k), Some(c)) = (kernel.table(family), committed.table(family)) else {
+                if let Part::Table(_) = part {
+                    match (kernel.table(family), committed.table(family)) {
+                        (None, Some(_)) => self.found.push(format!("{family} table missing")),
+                        (Some(_), None) => self
+                            .found
+                            .push(format!("{family} table present, not ours any more")),
+                        _ => {}
+                    }
                 }
-                out.push(match ours {
-                    Some(_) => format!("{family} set {name}: element {key} missing or changed"),
-                    None => format!("{family} set {name}: element {key} not ours"),
-                });
-            }
-        }
-        for name in k.sets.keys().filter(|n| !c.sets.contains_key(*n)) {
-            out.push(format!("{family} set {name} not ours"));
-        }
-        let recent_chain = |name: &String| recent.chains.contains(&(family, name.clone()));
-        for (name, ours, theirs) in side_by_side(c.chains.iter(), k.chains.iter()) {
-            let what = match (ours, theirs) {
-                (Some(o), Some(t)) if o.same_as(t) => continue,
-                (Some(_), Some(_)) => ": rules changed",
-                (Some(_), None) => " missing",
-                (None, _) => " not ours",
+                self.at += 1;
+                continue;
             };
-            if !recent_chain(name) {
-                out.push(format!("{family} chain {name}{what}"));
+            let done = match part {
+                Part::Table(_) => true,
+                Part::Set(_, name) => {
+                    let name = name.clone();
+                    self.compare_set(family, &name, k, c, recent)
+                }
+                Part::OtherSets(_) => {
+                    for name in k.sets.keys().filter(|n| !c.sets.contains_key(*n)) {
+                        self.found.push(format!("{family} set {name} not ours"));
+                    }
+                    true
+                }
+                Part::Chains(_) => {
+                    let recent_chain =
+                        |name: &String| recent.chains.contains(&(family, name.clone()));
+                    for (name, ours, theirs) in side_by_side(c.chains.iter(), k.chains.iter()) {
+                        let what = match (ours, theirs) {
+                            (Some(o), Some(t)) if o.same_as(t) => continue,
+                            (Some(_), Some(_)) => ": rules changed",
+                            (Some(_), None) => " missing",
+                            (None, _) => " not ours",
+                        };
+                        if !recent_chain(name) {
+                            self.found.push(format!("{family} chain {name}{what}"));
+                        }
+                    }
+                    true
+                }
+            };
+            if done {
+                self.at += 1;
+                self.after = None;
             }
+            if started.elapsed() >= budget {
+                return None;
+            }
+        }
+        Some(std::mem::take(&mut self.found))
+    }
+
+    /// The next chunk of set `name`'s elements; true when the set is done.
+    fn compare_set(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+        k: &Table,
+        c: &Table,
+        recent: &Recent,
+    ) -> bool {
+        let Some(set) = c.sets.get(name) else {
+            return true;
+        };
+        let Some(ks) = k.sets.get(name) else {
+            self.found.push(format!("{family} set {name} missing"));
+            return true;
+        };
+        if self.after.is_none() && ks.fingerprint != set.fingerprint {
+            self.found.push(format!("{family} set {name} redeclared"));
+        }
+        if ks.unread {
+            return true;
+        }
+        let touched = recent.elements.get(&(family, name.to_string()));
+        let recent_key = |key: &str| touched.is_some_and(|t| t.contains(key));
+        // Our next chunk of keys, and the kernel's keys up to the last of them (all the
+        // rest when ours end).
+        let ours: Vec<(&str, Option<&str>)> = set
+            .elements
+            .after(self.after.as_deref())
+            .take(PER_CHUNK)
+            .collect();
+        let last = (ours.len() == PER_CHUNK)
+            .then(|| ours.last().map(|(k, _)| *k))
+            .flatten();
+        let theirs = ks
+            .elements
+            .after(self.after.as_deref())
+            .take_while(|(key, _)| last.is_none_or(|l| *key <= l));
+        for (key, ours, theirs) in side_by_side(ours.iter().copied(), theirs) {
+            if ours == theirs || recent_key(key) {
+                continue;
+            }
+            self.found.push(match ours {
+                Some(_) => format!("{family} set {name}: element {key} missing or changed"),
+                None => format!("{family} set {name}: element {key} not ours"),
+            });
+        }
+        match last {
+            Some(l) => {
+                self.after = Some(l.to_string());
+                false
+            }
+            None => true,
         }
     }
-    out
 }
 
 /// Every key of two sorted maps once, in order, with its value on each side: a merge, so
@@ -160,6 +284,56 @@ mod tests {
     use crate::model::*;
     use crate::nft::diff::diff;
     use crate::nft::plan;
+
+    /// Every part to the end, with no time for more than a chunk per step.
+    fn stepped(kernel: &Ruleset, committed: &Ruleset, recent: &Recent) -> (Vec<String>, usize) {
+        let mut comparison = Comparison::new(kernel, committed);
+        for steps in 1.. {
+            if let Some(found) = comparison.step(kernel, committed, recent, Duration::ZERO) {
+                return (found, steps);
+            }
+        }
+        unreachable!()
+    }
+
+    /// A map of 10,000 elements compared in chunks finds what the whole comparison does:
+    /// elements gone, changed and added, at chunk edges and past our last key, each once.
+    #[test]
+    fn a_comparison_in_chunks_finds_what_the_whole_one_does() {
+        let mut committed = Ruleset::default();
+        let mut table = crate::nft::tables::Table::default();
+        let elements: crate::nft::elements::Elements = (0..10_000)
+            .map(|i| (format!("k{i:05}"), Some(format!("v{i}"))))
+            .collect();
+        table.sets.insert(
+            "backends".into(),
+            crate::nft::tables::Set {
+                map: true,
+                elements,
+                ..Default::default()
+            },
+        );
+        committed.tables.insert(IpFamily::V4, table);
+        let mut kernel = committed.clone();
+        let e = &mut kernel
+            .tables
+            .get_mut(&IpFamily::V4)
+            .unwrap()
+            .sets
+            .get_mut("backends")
+            .unwrap()
+            .elements;
+        let last_of_first_chunk = format!("k{:05}", PER_CHUNK - 1);
+        e.remove(&last_of_first_chunk);
+        e.insert(&format!("k{:05}", PER_CHUNK), Some("changed"));
+        e.insert(&format!("k{:05}x", PER_CHUNK - 1), Some("theirs"));
+        e.insert("k99999", Some("theirs, past our last"));
+        let whole = differences(&kernel, &committed, &Recent::default());
+        assert_eq!(whole.len(), 4, "{whole:?}");
+        let (found, steps) = stepped(&kernel, &committed, &Recent::default());
+        assert_eq!(found, whole);
+        assert!(steps > 10_000 / PER_CHUNK, "{steps} steps");
+    }
 
     fn ruleset(endpoints: &[&str]) -> Ruleset {
         let mut s = crate::synth::cluster(3, 2);
@@ -202,6 +376,9 @@ mod tests {
         recent.record(&diff(&old, &new, false));
         assert!(differences(&old, &new, &recent).is_empty());
         assert!(!differences(&old, &new, &Recent::default()).is_empty());
+
+        // Compared a part at a time, the same.
+        assert_eq!(stepped(&kernel, &committed, &Recent::default()).0, d);
 
         // A missing table always shows.
         let mut gone = committed.clone();

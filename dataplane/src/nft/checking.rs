@@ -1,0 +1,191 @@
+//! The periodic check in nftables mode, after its background read: the comparison with
+//! what we committed and then the lookups of the sets the read left out, both a step at a
+//! time between syncs, so that no sync waits for more than one step.
+
+use super::kernel::{NftExecutor, Unread};
+use super::tables::Ruleset;
+use super::{lookups, too_large, verify, NftBackend};
+use crate::backend::{BackendError, CheckResult, CheckStep, ReadJob, Readback};
+use std::time::{Duration, Instant};
+
+/// A check whose read is back.
+#[derive(Debug)]
+pub(super) struct Check {
+    /// The kernel as read, until the comparison ends.
+    kernel: Ruleset,
+    /// The generation it was read at, when no commit overlapped the read.
+    generation: Option<u32>,
+    comparison: verify::Comparison,
+    /// Once the comparison found nothing: the lookups of the sets it left out.
+    lookups: Option<lookups::Lookups>,
+}
+
+/// What a step came to, worked out before the backend's state is changed.
+enum Outcome {
+    More,
+    Done(CheckResult),
+    Failed(BackendError),
+}
+
+/// Frees a read of the kernel on a thread of its own: 100k elements take tens of
+/// milliseconds to free, longer than the agent's loop may be held.
+fn drop_elsewhere(read: Ruleset) {
+    let _ = std::thread::Builder::new()
+        .name("free-read".into())
+        .spawn(move || drop(read));
+}
+
+/// The sets `kernel` was read without.
+fn unread(kernel: &Ruleset) -> Unread {
+    kernel
+        .tables
+        .iter()
+        .flat_map(|(f, t)| {
+            t.sets
+                .iter()
+                .filter(|(_, s)| s.unread)
+                .map(move |(name, _)| (*f, name.clone()))
+        })
+        .collect()
+}
+
+impl<E: NftExecutor> NftBackend<E> {
+    /// A background read of our tables without the sets too large to read back.
+    pub(super) fn begin_check_read(&mut self) -> Option<ReadJob> {
+        self.end_check();
+        let unread = too_large(&self.applied.as_ref()?.ruleset, self.read_limit);
+        let read = self.exec.background_read(unread)?;
+        if !self.begin_verify() {
+            return None;
+        }
+        Some(Box::new(move || {
+            read()
+                .map(|r| Readback(Box::new(r)))
+                .map_err(BackendError::from)
+        }))
+    }
+
+    /// The read is back: compare it in steps.
+    pub(super) fn finish_check_read(&mut self, read: Readback) -> bool {
+        let Ok(read) = read.0.downcast::<(Ruleset, Option<u32>)>() else {
+            return false;
+        };
+        let (kernel, generation) = *read;
+        let Some(applied) = self.applied.as_ref().filter(|_| self.verifying.is_some()) else {
+            // A failed sync since: the full one that follows repairs anyway.
+            drop_elsewhere(kernel);
+            return false;
+        };
+        let comparison = verify::Comparison::new(&kernel, &applied.ruleset);
+        self.check = Some(Check {
+            kernel,
+            generation,
+            comparison,
+            lookups: None,
+        });
+        true
+    }
+
+    /// Stop checking: nothing is recorded or kept for it any more.
+    fn end_check(&mut self) {
+        if let Some(check) = self.check.take() {
+            drop_elsewhere(check.kernel);
+        }
+        self.verifying = None;
+    }
+
+    pub(super) fn next_check_step(
+        &mut self,
+        budget: Duration,
+    ) -> Option<Result<CheckStep, BackendError>> {
+        let started = Instant::now();
+        let (Some(check), Some(applied)) = (self.check.as_mut(), self.applied.as_ref()) else {
+            self.end_check();
+            return None;
+        };
+        let outcome = 'step: {
+            if check.lookups.is_none() {
+                let Some(recent) = self.verifying.as_ref() else {
+                    break 'step None;
+                };
+                let Some(found) =
+                    check
+                        .comparison
+                        .step(&check.kernel, &applied.ruleset, recent, budget)
+                else {
+                    break 'step Some(Outcome::More);
+                };
+                let consistent = check.generation.is_some();
+                if !found.is_empty() {
+                    break 'step Some(Outcome::Done(CheckResult {
+                        differences: found,
+                        consistent,
+                    }));
+                }
+                if consistent && recent.is_empty() {
+                    // Nothing of ours was committed since the read, which found our state
+                    // whole; of the sets it left out, the lookups take this back if they
+                    // find otherwise (until they end the agent asks nothing of it).
+                    self.held_at = check.generation;
+                }
+                self.verifying = None;
+                let left_out = unread(&check.kernel);
+                drop_elsewhere(std::mem::take(&mut check.kernel));
+                if left_out.is_empty() {
+                    break 'step Some(Outcome::Done(CheckResult {
+                        differences: Vec::new(),
+                        consistent,
+                    }));
+                }
+                check.lookups = Some(lookups::Lookups::new(left_out));
+            }
+            let Some(lookups) = check.lookups.as_mut() else {
+                break 'step None;
+            };
+            let exec = &mut self.exec;
+            let left = budget.saturating_sub(started.elapsed());
+            let step = lookups.step(&applied.ruleset, left, &mut |family, set, keys| {
+                exec.look_up(family, set, keys)
+            });
+            Some(match step {
+                Ok(lookups::Step::More) => Outcome::More,
+                Ok(lookups::Step::Done(differences)) => {
+                    tracing::debug!(
+                        "periodic check: looked up {} elements of the sets too large to read back in {} steps (the longest {:?})",
+                        lookups.looked_up,
+                        lookups.steps,
+                        lookups.longest
+                    );
+                    if !differences.is_empty() {
+                        self.held_at = None;
+                        self.drift_looked_up = true;
+                    }
+                    Outcome::Done(CheckResult {
+                        differences,
+                        // Looked up between our commits: nothing of ours was in flight.
+                        consistent: true,
+                    })
+                }
+                Err(e) => {
+                    self.held_at = None;
+                    Outcome::Failed(e.into())
+                }
+            })
+        };
+        match outcome {
+            Some(Outcome::More) => Some(Ok(CheckStep::More)),
+            Some(Outcome::Done(result)) => {
+                self.end_check();
+                Some(Ok(CheckStep::Done(result)))
+            }
+            Some(Outcome::Failed(e)) => {
+                self.end_check();
+                Some(Err(e))
+            }
+            None => {
+                self.end_check();
+                None
+            }
+        }
+    }
+}
