@@ -160,9 +160,14 @@ pub trait NftExecutor {
 const QUIET_ABOVE: usize = 1000;
 
 /// The real executor: nf_tables over netlink, reads and writes alike; no `nft` process.
-/// Commits and generation requests go through one socket kept open (see
-/// [`crate::netlink::Batch::commit_on`]), in the network namespace of the thread that used
-/// it first.
+/// Commits, generation requests and the reads of the sync's own thread go through one
+/// socket kept open (see [`crate::netlink::Batch::commit_on`]), in the network namespace of
+/// the thread that used it first; the periodic check's background reads through another,
+/// also kept. Closing an nfnetlink socket takes nf_tables' commit mutex while it waits for
+/// the clean-up of earlier commits, so a socket closed after each read held our next
+/// commit: at 10k x 10 with a check every second, the agent's loop was sampled waiting in
+/// `nf_tables_valid_genid` while a worker thread closing its read's socket sat in
+/// `nft_rcv_nl_event` / `__flush_work` (kernel stacks every 2 ms).
 #[derive(Default)]
 pub struct NftKernel {
     socket: Option<crate::netlink::Socket>,
@@ -171,6 +176,8 @@ pub struct NftKernel {
     listening: Arc<Mutex<Option<crate::netlink::Membership>>>,
     /// The generations the listener saw, and what each did to our tables.
     seen: Arc<Mutex<Generations>>,
+    /// The background reads' socket, kept open between checks.
+    background: Arc<Mutex<Option<crate::netlink::Socket>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -226,6 +233,27 @@ impl NftKernel {
         }
         if result.is_err() {
             self.drop_socket();
+        }
+        result
+    }
+
+    /// `read` on the kept socket; an error drops it.
+    fn with_reader<T>(
+        &mut self,
+        read: impl FnOnce(&mut Reader) -> Result<T, NftError>,
+    ) -> Result<T, NftError> {
+        self.socket()?;
+        let Some(socket) = self.socket.take() else {
+            return Err(NftError::Netlink(NetlinkError::Malformed {
+                op: "nfnetlink socket".into(),
+                detail: "not open".into(),
+            }));
+        };
+        let mut reader = Reader::on(socket);
+        let result = read(&mut reader);
+        match result {
+            Ok(_) => self.socket = Some(reader.into_socket()),
+            Err(_) => lock(&self.seen).own_port(None),
         }
         result
     }
@@ -290,7 +318,14 @@ pub fn read_kernel() -> Result<(Ruleset, Option<u32>), NftError> {
 
 /// [`read_kernel`], leaving out the elements of the sets `unread` names.
 pub fn read_kernel_without(unread: Unreadable<'_>) -> Result<(Ruleset, Option<u32>), NftError> {
-    let mut reader = Reader::open()?;
+    read_on(&mut Reader::open()?, unread)
+}
+
+/// [`read_kernel_without`] with `reader`.
+fn read_on(
+    reader: &mut Reader,
+    unread: Unreadable<'_>,
+) -> Result<(Ruleset, Option<u32>), NftError> {
     let before = reader.generation()?;
     let mut rs = Ruleset::default();
     for family in IpFamily::ALL {
@@ -305,13 +340,13 @@ pub fn read_kernel_without(unread: Unreadable<'_>) -> Result<(Ruleset, Option<u3
 
 impl NftExecutor for NftKernel {
     fn read(&mut self) -> Result<Ruleset, NftError> {
-        // Our syncs do not run concurrently with this read; see [`NftBackend`] for the
-        // generation check that covers everyone else's commits.
-        read_kernel().map(|(rs, _)| rs)
+        self.read_without(&|_, _| false)
     }
 
     fn read_without(&mut self, unread: Unreadable<'_>) -> Result<Ruleset, NftError> {
-        read_kernel_without(unread).map(|(rs, _)| rs)
+        // Our syncs do not run concurrently with this read; see [`NftBackend`] for the
+        // generation check that covers everyone else's commits.
+        self.with_reader(|r| read_on(r, unread).map(|(rs, _)| rs))
     }
 
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
@@ -330,8 +365,20 @@ impl NftExecutor for NftKernel {
     }
 
     fn background_read(&self, unread: Unread) -> Option<BackgroundRead> {
+        let kept = self.background.clone();
         Some(Box::new(move || {
-            read_kernel_without(&|f, name| unread.contains(&(f, name.to_string())))
+            // Kept open from one check to the next, as the commit socket is: closing it
+            // would hold our next commit (see `NftKernel`). One check reads at a time.
+            let mut kept = lock(&kept);
+            let mut reader = match kept.take() {
+                Some(socket) => Reader::on(socket),
+                None => Reader::open()?,
+            };
+            let read = read_on(&mut reader, &|f, name| {
+                unread.contains(&(f, name.to_string()))
+            })?;
+            *kept = Some(reader.into_socket());
+            Ok(read)
         }))
     }
 
@@ -369,7 +416,7 @@ impl NftExecutor for NftKernel {
     }
 
     fn remembered(&mut self, family: IpFamily) -> Result<Elements, NftError> {
-        Ok(Reader::open()?.elements(family, MAP_AFFINITY, false)?)
+        self.with_reader(|r| Ok(r.elements(family, MAP_AFFINITY, false)?))
     }
 
     fn forget(&mut self, family: IpFamily, keys: &[String]) -> Result<(), NftError> {

@@ -47,6 +47,15 @@ impl Reader {
         })
     }
 
+    /// A reader on a socket already open (kept: see `NftKernel`).
+    pub fn on(socket: Socket) -> Reader {
+        Reader { socket }
+    }
+
+    pub fn into_socket(self) -> Socket {
+        self.socket
+    }
+
     /// Sends one nf_tables request; the payloads (after the nfgenmsg header) of the replies.
     fn request(
         &mut self,
