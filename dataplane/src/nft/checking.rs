@@ -4,8 +4,10 @@
 
 use super::kernel::{NftExecutor, Unread};
 use super::tables::Ruleset;
+use super::verify::Difference;
 use super::{lookups, too_large, verify, NftBackend};
 use crate::backend::{BackendError, CheckResult, CheckStep, ReadJob, Readback};
+use crate::model::IpFamily;
 use std::time::{Duration, Instant};
 
 /// A check whose read is back.
@@ -15,9 +17,21 @@ pub(super) struct Check {
     kernel: Ruleset,
     /// The generation it was read at, when no commit overlapped the read.
     generation: Option<u32>,
-    comparison: verify::Comparison,
-    /// Once the comparison found nothing: the lookups of the sets it left out.
-    lookups: Option<lookups::Lookups>,
+    phase: Phase,
+}
+
+#[derive(Debug)]
+enum Phase {
+    Comparing(verify::Comparison),
+    /// The read overlapped commits and found elements different: each is looked up again.
+    /// `others` are the differences lookups cannot settle (tables, chains, interval sets),
+    /// which a second read must confirm.
+    Confirming {
+        confirmation: lookups::Confirmation,
+        others: Vec<String>,
+    },
+    /// The sets the read left out.
+    LookingUp(lookups::Lookups),
 }
 
 /// What a step came to, worked out before the backend's state is changed.
@@ -80,8 +94,7 @@ impl<E: NftExecutor> NftBackend<E> {
         self.check = Some(Check {
             kernel,
             generation,
-            comparison,
-            lookups: None,
+            phase: Phase::Comparing(comparison),
         });
         true
     }
@@ -103,74 +116,111 @@ impl<E: NftExecutor> NftBackend<E> {
             self.end_check();
             return None;
         };
-        let outcome = 'step: {
-            if check.lookups.is_none() {
-                let Some(recent) = self.verifying.as_ref() else {
-                    break 'step None;
-                };
-                let Some(found) =
-                    check
-                        .comparison
-                        .step(&check.kernel, &applied.ruleset, recent, budget)
-                else {
-                    break 'step Some(Outcome::More);
-                };
-                let consistent = check.generation.is_some();
-                if !found.is_empty() {
-                    break 'step Some(Outcome::Done(CheckResult {
-                        differences: found,
-                        consistent,
-                    }));
-                }
-                if consistent && recent.is_empty() {
-                    // Nothing of ours was committed since the read, which found our state
-                    // whole; of the sets it left out, the lookups take this back if they
-                    // find otherwise (until they end the agent asks nothing of it).
-                    self.held_at = check.generation;
-                }
-                self.verifying = None;
-                let left_out = unread(&check.kernel);
-                drop_elsewhere(std::mem::take(&mut check.kernel));
-                if left_out.is_empty() {
-                    break 'step Some(Outcome::Done(CheckResult {
-                        differences: Vec::new(),
-                        consistent,
-                    }));
-                }
-                check.lookups = Some(lookups::Lookups::new(left_out));
-            }
-            let Some(lookups) = check.lookups.as_mut() else {
-                break 'step None;
-            };
-            let exec = &mut self.exec;
+        let exec = &mut self.exec;
+        let mut look_up = |family, set: &str, keys: &[&str]| exec.look_up(family, set, keys);
+        let consistent = check.generation.is_some();
+        let outcome = loop {
             let left = budget.saturating_sub(started.elapsed());
-            let step = lookups.step(&applied.ruleset, left, &mut |family, set, keys| {
-                exec.look_up(family, set, keys)
-            });
-            Some(match step {
-                Ok(lookups::Step::More) => Outcome::More,
-                Ok(lookups::Step::Done(differences)) => {
-                    tracing::debug!(
-                        "periodic check: looked up {} elements of the sets too large to read back in {} steps (the longest {:?})",
-                        lookups.looked_up,
-                        lookups.steps,
-                        lookups.longest
-                    );
-                    if !differences.is_empty() {
-                        self.held_at = None;
-                        self.drift_looked_up = true;
+            match &mut check.phase {
+                Phase::Comparing(comparison) => {
+                    let Some(recent) = self.verifying.as_ref() else {
+                        break None;
+                    };
+                    let Some(found) =
+                        comparison.step(&check.kernel, &applied.ruleset, recent, left)
+                    else {
+                        break Some(Outcome::More);
+                    };
+                    if found.is_empty() && consistent && recent.is_empty() {
+                        // Nothing of ours was committed since the read, which found our
+                        // state whole; of the sets it left out, the lookups take this back
+                        // if they find otherwise (until they end the agent asks nothing).
+                        self.held_at = check.generation;
                     }
-                    Outcome::Done(CheckResult {
-                        differences,
+                    self.verifying = None;
+                    if consistent && !found.is_empty() {
+                        let differences = found.iter().map(ToString::to_string).collect();
+                        break Some(Outcome::Done(CheckResult {
+                            differences,
+                            consistent,
+                        }));
+                    }
+                    let (mut keys, mut others) = (Vec::new(), Vec::new());
+                    for d in found {
+                        match d {
+                            Difference::Element {
+                                family, set, key, ..
+                            } if !interval(&applied.ruleset, family, &set) => {
+                                keys.push((family, set, key))
+                            }
+                            d => others.push(d.to_string()),
+                        }
+                    }
+                    check.phase = Phase::Confirming {
+                        confirmation: lookups::Confirmation::new(keys),
+                        others,
+                    };
+                }
+                Phase::Confirming {
+                    confirmation,
+                    others,
+                } => {
+                    let found = match confirmation.step(&applied.ruleset, left, &mut look_up) {
+                        Ok(Some(found)) => found,
+                        Ok(None) => break Some(Outcome::More),
+                        Err(e) => break Some(Outcome::Failed(e.into())),
+                    };
+                    if !found.is_empty() {
                         // Looked up between our commits: nothing of ours was in flight.
-                        consistent: true,
-                    })
+                        let mut differences = found;
+                        differences.append(others);
+                        break Some(Outcome::Done(CheckResult {
+                            differences,
+                            consistent: true,
+                        }));
+                    }
+                    if !others.is_empty() {
+                        break Some(Outcome::Done(CheckResult {
+                            differences: std::mem::take(others),
+                            consistent: false,
+                        }));
+                    }
+                    let left_out = unread(&check.kernel);
+                    drop_elsewhere(std::mem::take(&mut check.kernel));
+                    if left_out.is_empty() {
+                        break Some(Outcome::Done(CheckResult {
+                            differences: Vec::new(),
+                            consistent,
+                        }));
+                    }
+                    check.phase = Phase::LookingUp(lookups::Lookups::new(left_out));
                 }
-                Err(e) => {
-                    self.held_at = None;
-                    Outcome::Failed(e.into())
+                Phase::LookingUp(lookups) => {
+                    break Some(match lookups.step(&applied.ruleset, left, &mut look_up) {
+                        Ok(lookups::Step::More) => Outcome::More,
+                        Ok(lookups::Step::Done(differences)) => {
+                            tracing::debug!(
+                                "periodic check: looked up {} elements of the sets too large to read back in {} steps (the longest {:?})",
+                                lookups.looked_up,
+                                lookups.steps,
+                                lookups.longest
+                            );
+                            if !differences.is_empty() {
+                                self.held_at = None;
+                                self.drift_looked_up = true;
+                            }
+                            Outcome::Done(CheckResult {
+                                differences,
+                                consistent: true,
+                            })
+                        }
+                        Err(e) => {
+                            self.held_at = None;
+                            Outcome::Failed(e.into())
+                        }
+                    });
                 }
-            })
+            }
         };
         match outcome {
             Some(Outcome::More) => Some(Ok(CheckStep::More)),
@@ -188,4 +238,13 @@ impl<E: NftExecutor> NftBackend<E> {
             }
         }
     }
+}
+
+/// Whether our set `set` of `family` is an interval set, whose elements lookups by key do
+/// not find.
+fn interval(committed: &Ruleset, family: IpFamily, set: &str) -> bool {
+    committed
+        .table(family)
+        .and_then(|t| t.sets.get(set))
+        .is_some_and(|s| s.interval())
 }

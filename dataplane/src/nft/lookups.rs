@@ -125,6 +125,73 @@ impl Lookups {
     }
 }
 
+/// Elements a read that overlapped commits found different, looked up again between our
+/// commits: a dump of a set that changes meanwhile can miss elements that never moved, and
+/// the same ones again in a second read (those at the edges of its replies), so reading
+/// twice does not settle it; a lookup does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confirmation {
+    /// Family, set and key, in that order.
+    keys: Vec<(IpFamily, String, String)>,
+    at: usize,
+    confirmed: Vec<String>,
+}
+
+impl Confirmation {
+    pub fn new(mut keys: Vec<(IpFamily, String, String)>) -> Confirmation {
+        keys.sort();
+        keys.dedup();
+        Confirmation {
+            keys,
+            at: 0,
+            confirmed: Vec::new(),
+        }
+    }
+
+    /// Look the keys up until `budget` is spent; once all are, those whose element in the
+    /// kernel still differs from `committed`.
+    pub fn step(
+        &mut self,
+        committed: &Ruleset,
+        budget: Duration,
+        look_up: &mut LookUp<'_>,
+    ) -> Result<Option<Vec<String>>, NftError> {
+        let started = Instant::now();
+        while let Some((family, set, _)) = self.keys.get(self.at) {
+            let (family, set) = (*family, set.clone());
+            let batch: Vec<&str> = self.keys[self.at..]
+                .iter()
+                .take_while(|(f, s, _)| *f == family && *s == set)
+                .take(PER_CALL)
+                .map(|(_, _, k)| k.as_str())
+                .collect();
+            let found = look_up(family, &set, &batch)?;
+            let ours = committed
+                .table(family)
+                .and_then(|t| t.sets.get(&set))
+                .map(|s| &s.elements);
+            for (i, key) in batch.iter().enumerate() {
+                let ours = ours.and_then(|e| e.get(key));
+                let theirs = found.get(i).cloned().flatten();
+                let what = match (ours, theirs) {
+                    (Some(o), Some(t)) if o == t.as_deref() => continue,
+                    (None, None) => continue,
+                    (Some(_), Some(_)) => "changed",
+                    (Some(_), None) => "missing",
+                    (None, Some(_)) => "not ours",
+                };
+                self.confirmed
+                    .push(format!("{family} set {set}: element {key} {what}"));
+            }
+            self.at += batch.len();
+            if started.elapsed() >= budget {
+                return Ok(None);
+            }
+        }
+        Ok(Some(std::mem::take(&mut self.confirmed)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,5 +332,46 @@ mod tests {
         assert!(lookups
             .step(&ours, Duration::from_secs(5), &mut failing)
             .is_err());
+    }
+
+    #[test]
+    fn a_confirmation_keeps_only_the_differences_the_kernel_still_shows() {
+        let ours = ruleset(elements(300));
+        let mut theirs = ours.clone();
+        let set = &mut theirs
+            .tables
+            .get_mut(&IpFamily::V4)
+            .unwrap()
+            .sets
+            .get_mut("backends")
+            .unwrap()
+            .elements;
+        set.remove("10.96.0.1 . tcp . 80 . 0250");
+        set.insert("10.96.0.9 . tcp . 80 . 0000", Some("10.9.9.9 . 80"));
+        // What a read that overlapped commits claimed: two real, two artifacts of the dump.
+        let suspects = [
+            "10.96.0.1 . tcp . 80 . 0250",
+            "10.96.0.9 . tcp . 80 . 0000",
+            "10.96.0.1 . tcp . 80 . 0100",
+            "10.96.0.1 . tcp . 80 . 0007",
+        ]
+        .map(|k| (IpFamily::V4, "backends".to_string(), k.to_string()))
+        .to_vec();
+        let mut confirmation = Confirmation::new(suspects);
+        let mut look = kernel_of(&theirs);
+        let found = loop {
+            match confirmation.step(&ours, Duration::ZERO, &mut look).unwrap() {
+                None => continue,
+                Some(found) => break found,
+            }
+        };
+        let v4 = IpFamily::V4;
+        assert_eq!(
+            found,
+            [
+                format!("{v4} set backends: element 10.96.0.1 . tcp . 80 . 0250 missing"),
+                format!("{v4} set backends: element 10.96.0.9 . tcp . 80 . 0000 not ours"),
+            ]
+        );
     }
 }

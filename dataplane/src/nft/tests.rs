@@ -252,6 +252,60 @@ fn kernel_drift_is_repaired_by_a_full_sync() {
     );
 }
 
+/// A read that overlapped commits can miss elements that never moved, the same ones in a
+/// second read too; each element such a read finds different is looked up again, and only
+/// what the kernel still lacks counts, at once.
+#[test]
+fn elements_an_overlapping_read_misses_are_looked_up_before_they_count() {
+    let mut be = NftBackend::new(FakeNft::default());
+    let s = crate::synth::cluster(4, 3);
+    be.sync(&s, Scope::RepairAll).unwrap();
+    let result = |be: &mut NftBackend<FakeNft>, read: Ruleset| {
+        assert!(be.begin_verify());
+        assert!(be.finish_check(crate::backend::Readback(Box::new((read, None::<u32>)))));
+        loop {
+            match be.check_step(std::time::Duration::ZERO) {
+                Some(Ok(CheckStep::More)) => continue,
+                Some(Ok(CheckStep::Done(r))) => return r,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    let (key, _) = first_backend(&be);
+    // The read missed an element the kernel holds: nothing to repair.
+    let mut read = be.exec.state.clone();
+    backends_mut(&mut read).elements.remove(&key);
+    let r = result(&mut be, read.clone());
+    assert_eq!(r.differences, Vec::<String>::new());
+    assert_eq!(be.exec.looked_up, 1);
+    // The kernel lacks it too: a difference, sure at once.
+    be.exec
+        .foreign(|rs| drop(backends_mut(rs).elements.remove(&key)));
+    let r = result(&mut be, read);
+    assert_eq!(
+        r.differences,
+        [format!(
+            "{} set backends: element {key} missing",
+            IpFamily::V4
+        )]
+    );
+    assert!(r.consistent);
+    // A chain a read misses cannot be looked up: a second read must confirm it.
+    be.sync(&s, Scope::RepairAll).unwrap();
+    let mut read = be.exec.state.clone();
+    read.tables
+        .get_mut(&IpFamily::V4)
+        .unwrap()
+        .chains
+        .remove("services");
+    let r = result(&mut be, read);
+    assert_eq!(
+        r.differences,
+        [format!("{} chain services missing", IpFamily::V4)]
+    );
+    assert!(!r.consistent);
+}
+
 #[test]
 fn only_our_own_commits_since_the_last_match_prove_the_kernel_unchanged() {
     let mut be = NftBackend::new(FakeNft::default());

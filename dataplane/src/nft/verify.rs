@@ -8,6 +8,7 @@ use super::diff::{Op, Transaction};
 use super::tables::{Ruleset, Table};
 use crate::model::IpFamily;
 use std::collections::{HashMap, HashSet};
+use std::fmt;
 use std::time::{Duration, Instant};
 
 /// What commits touched since a background read began.
@@ -68,7 +69,38 @@ pub fn differences(kernel: &Ruleset, committed: &Ruleset, recent: &Recent) -> Ve
     let mut comparison = Comparison::new(kernel, committed);
     loop {
         if let Some(found) = comparison.step(kernel, committed, recent, Duration::MAX) {
-            return found;
+            return found.iter().map(Difference::to_string).collect();
+        }
+    }
+}
+
+/// One way the kernel differs from what we committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Difference {
+    /// An element of set `set`: ours (`true`) missing or changed, or one not ours.
+    Element {
+        family: IpFamily,
+        set: String,
+        key: String,
+        ours: bool,
+    },
+    /// A table, set or chain.
+    Other(String),
+}
+
+impl fmt::Display for Difference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Difference::Element {
+                family,
+                set,
+                key,
+                ours: true,
+            } => write!(f, "{family} set {set}: element {key} missing or changed"),
+            Difference::Element {
+                family, set, key, ..
+            } => write!(f, "{family} set {set}: element {key} not ours"),
+            Difference::Other(text) => f.write_str(text),
         }
     }
 }
@@ -98,7 +130,7 @@ pub struct Comparison {
     at: usize,
     /// In a set: the last key compared.
     after: Option<String>,
-    found: Vec<String>,
+    found: Vec<Difference>,
 }
 
 impl Comparison {
@@ -133,7 +165,7 @@ impl Comparison {
         committed: &Ruleset,
         recent: &Recent,
         budget: Duration,
-    ) -> Option<Vec<String>> {
+    ) -> Option<Vec<Difference>> {
         if recent.tables {
             // A layout of ours changed while the read ran: it may show either.
             return Some(Vec::new());
@@ -146,10 +178,10 @@ impl Comparison {
             let (Some(k), Some(c)) = (kernel.table(family), committed.table(family)) else {
                 if let Part::Table(_) = part {
                     match (kernel.table(family), committed.table(family)) {
-                        (None, Some(_)) => self.found.push(format!("{family} table missing")),
-                        (Some(_), None) => self
-                            .found
-                            .push(format!("{family} table present, not ours any more")),
+                        (None, Some(_)) => self.other(format!("{family} table missing")),
+                        (Some(_), None) => {
+                            self.other(format!("{family} table present, not ours any more"))
+                        }
                         _ => {}
                     }
                 }
@@ -164,7 +196,7 @@ impl Comparison {
                 }
                 Part::OtherSets(_) => {
                     for name in k.sets.keys().filter(|n| !c.sets.contains_key(*n)) {
-                        self.found.push(format!("{family} set {name} not ours"));
+                        self.other(format!("{family} set {name} not ours"));
                     }
                     true
                 }
@@ -179,7 +211,7 @@ impl Comparison {
                             (None, _) => " not ours",
                         };
                         if !recent_chain(name) {
-                            self.found.push(format!("{family} chain {name}{what}"));
+                            self.other(format!("{family} chain {name}{what}"));
                         }
                     }
                     true
@@ -196,6 +228,10 @@ impl Comparison {
         Some(std::mem::take(&mut self.found))
     }
 
+    fn other(&mut self, text: String) {
+        self.found.push(Difference::Other(text));
+    }
+
     /// The next chunk of set `name`'s elements; true when the set is done.
     fn compare_set(
         &mut self,
@@ -209,11 +245,11 @@ impl Comparison {
             return true;
         };
         let Some(ks) = k.sets.get(name) else {
-            self.found.push(format!("{family} set {name} missing"));
+            self.other(format!("{family} set {name} missing"));
             return true;
         };
         if self.after.is_none() && ks.fingerprint != set.fingerprint {
-            self.found.push(format!("{family} set {name} redeclared"));
+            self.other(format!("{family} set {name} redeclared"));
         }
         if ks.unread {
             return true;
@@ -238,9 +274,11 @@ impl Comparison {
             if ours == theirs || recent_key(key) {
                 continue;
             }
-            self.found.push(match ours {
-                Some(_) => format!("{family} set {name}: element {key} missing or changed"),
-                None => format!("{family} set {name}: element {key} not ours"),
+            self.found.push(Difference::Element {
+                family,
+                set: name.to_string(),
+                key: key.to_string(),
+                ours: ours.is_some(),
             });
         }
         match last {
@@ -290,7 +328,7 @@ mod tests {
         let mut comparison = Comparison::new(kernel, committed);
         for steps in 1.. {
             if let Some(found) = comparison.step(kernel, committed, recent, Duration::ZERO) {
-                return (found, steps);
+                return (found.iter().map(Difference::to_string).collect(), steps);
             }
         }
         unreachable!()
