@@ -213,6 +213,11 @@ mod tests {
         rs
     }
 
+    fn backends(rs: &mut Ruleset) -> &mut Elements {
+        let table = rs.tables.get_mut(&IpFamily::V4).expect("an IPv4 table");
+        &mut table.sets.get_mut("backends").expect("the map").elements
+    }
+
     fn elements(n: usize) -> Elements {
         (0..n)
             .map(|i| {
@@ -277,14 +282,7 @@ mod tests {
         let ours = ruleset(elements(1000));
         for change in ["missing", "changed"] {
             let mut theirs = ours.clone();
-            let set = &mut theirs
-                .tables
-                .get_mut(&IpFamily::V4)
-                .unwrap()
-                .sets
-                .get_mut("backends")
-                .unwrap()
-                .elements;
+            let set = backends(&mut theirs);
             let key = "10.96.0.1 . tcp . 80 . 0700";
             match change {
                 "missing" => drop(set.remove(key)),
@@ -338,14 +336,7 @@ mod tests {
     fn a_confirmation_keeps_only_the_differences_the_kernel_still_shows() {
         let ours = ruleset(elements(300));
         let mut theirs = ours.clone();
-        let set = &mut theirs
-            .tables
-            .get_mut(&IpFamily::V4)
-            .unwrap()
-            .sets
-            .get_mut("backends")
-            .unwrap()
-            .elements;
+        let set = backends(&mut theirs);
         set.remove("10.96.0.1 . tcp . 80 . 0250");
         set.insert("10.96.0.9 . tcp . 80 . 0000", Some("10.9.9.9 . 80"));
         // What a read that overlapped commits claimed: two real, two artifacts of the dump.
