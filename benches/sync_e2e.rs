@@ -12,8 +12,8 @@
 use dataplane::backend::{Backend, Scope};
 use dataplane::model::IpFamily;
 use dataplane::nft::diff::Transaction;
+use dataplane::nft::getelem::Found;
 use dataplane::nft::kernel::{NftError, NftExecutor, NftKernel};
-use dataplane::nft::netlink::Found;
 use dataplane::nft::tables::Ruleset;
 use dataplane::nft::NftBackend;
 use dataplane::synth;

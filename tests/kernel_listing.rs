@@ -407,7 +407,7 @@ impl NftExecutor for NoIpv6 {
         family: IpFamily,
         set: &str,
         keys: &[&str],
-    ) -> Result<dataplane::nft::netlink::Found, dataplane::nft::kernel::NftError> {
+    ) -> Result<dataplane::nft::getelem::Found, dataplane::nft::kernel::NftError> {
         self.0.look_up(family, set, keys)
     }
 }

@@ -354,6 +354,9 @@ pub trait Backend {
         false
     }
 
+    /// A check's read failed: drop what was kept for it.
+    fn abandon_check(&mut self) {}
+
     /// The next step of a check whose read was handed over, taking about `budget` on the
     /// event loop, between syncs; `None` when no check is in hand (a failed sync since
     /// ends it: the full sync that follows repairs anyway).

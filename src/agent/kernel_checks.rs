@@ -81,7 +81,9 @@ impl Agent {
                 tracing::warn!(
                     "cannot read the kernel back for the periodic check: {e}; syncing in full"
                 );
+                self.backend.abandon_check();
                 self.schedule.require_full();
+                self.after_check();
                 return;
             }
         };
@@ -93,6 +95,16 @@ impl Agent {
         if self.backend.finish_check(read) {
             self.checking = true;
             self.stepping = Some(Stepping::since(started));
+        } else {
+            self.after_check();
+        }
+    }
+
+    /// Someone else committed to our table while the check went on: what they changed may
+    /// lie in a part already compared, so look again (unless a full sync is due anyway).
+    fn after_check(&mut self) {
+        if std::mem::take(&mut self.seen_while_checking) && !self.schedule.full_required() {
+            self.commit_seen();
         }
     }
 
@@ -133,6 +145,7 @@ impl Agent {
                 .observe(stepping.started.elapsed().as_secs_f64());
             self.judge(check);
         }
+        self.after_check();
     }
 
     /// What a check found: nothing, differences to repair, or differences to confirm first.
@@ -173,6 +186,7 @@ impl Agent {
     /// now and repair, rather than at the next periodic check (up to syncPeriod later).
     pub(super) fn commit_seen(&mut self) {
         if self.checking {
+            self.seen_while_checking = true;
             return;
         }
         let backend = &mut self.backend;

@@ -214,6 +214,7 @@ async fn run_async(
         checked_tx,
         checking: false,
         stepping: None,
+        seen_while_checking: false,
         suspect: BTreeSet::new(),
         leftovers: Some(cfg.mode),
     };
@@ -293,6 +294,8 @@ struct Agent {
     /// A check's comparison and lookups go on between syncs ([`Self::check_step`]); it
     /// began at this instant.
     stepping: Option<kernel_checks::Stepping>,
+    /// Someone else's commit named our table while a check went on: look again after it.
+    seen_while_checking: bool,
     /// Differences the last check found in a read that overlapped commits, to confirm.
     suspect: BTreeSet<String>,
     service_health: service_health::Servers,

@@ -162,6 +162,7 @@ fn rig() -> Rig {
         checked_tx,
         checking: false,
         stepping: None,
+        seen_while_checking: false,
         suspect: BTreeSet::new(),
         udp_frontends: UdpFrontends::default(),
         conntrack_failed: false,
@@ -371,7 +372,7 @@ async fn a_check_goes_on_in_steps_while_syncs_go_on() {
     r.agent.commit_seen();
     assert_eq!(r.script.lock().unwrap().checks_begun, 1);
     r.agent.check_step();
-    assert!(r.agent.stepping.is_none() && !r.agent.checking);
+    assert!(r.agent.stepping.is_none());
     assert_eq!(r.script.lock().unwrap().steps_taken, 2);
     assert_eq!(r.scopes(), ["full", "ns/api", "nothing"]);
     assert!(!r.agent.schedule.full_required());
@@ -379,6 +380,14 @@ async fn a_check_goes_on_in_steps_while_syncs_go_on() {
     assert!(
         text.contains("switchyard_kernel_check_duration_seconds_count 1"),
         "one check, timed once it ended: {text}"
+    );
+    // The commit seen meanwhile may have changed a part already compared: a new check.
+    assert_eq!(r.script.lock().unwrap().checks_begun, 2);
+    assert!(r.agent.checking);
+    r.deliver_read().await;
+    assert!(
+        !r.agent.checking,
+        "nothing scripted for it: it ends at once"
     );
 
     // A step finds an element changed: a full sync repairs.

@@ -88,6 +88,7 @@ impl<E: NftExecutor> NftBackend<E> {
         let Some(applied) = self.applied.as_ref().filter(|_| self.verifying.is_some()) else {
             // A failed sync since: the full one that follows repairs anyway.
             drop_elsewhere(kernel);
+            self.end_check();
             return false;
         };
         let comparison = verify::Comparison::new(&kernel, &applied.ruleset);
@@ -100,7 +101,7 @@ impl<E: NftExecutor> NftBackend<E> {
     }
 
     /// Stop checking: nothing is recorded or kept for it any more.
-    fn end_check(&mut self) {
+    pub(super) fn end_check(&mut self) {
         if let Some(check) = self.check.take() {
             drop_elsewhere(check.kernel);
         }

@@ -130,13 +130,13 @@ pub trait NftExecutor {
         None
     }
     /// The elements of our set `set` in `family` with `keys`, looked up one by one rather
-    /// than dumped ([`super::netlink::look_up_on`]).
+    /// than dumped ([`super::getelem::look_up_on`]).
     fn look_up(
         &mut self,
         family: IpFamily,
         set: &str,
         keys: &[&str],
-    ) -> Result<super::netlink::Found, NftError>;
+    ) -> Result<super::getelem::Found, NftError>;
     /// The kernel's notifications of commits naming our table; `None` when this executor
     /// has none (a fake: its tests call the agent's handlers directly).
     fn change_notifications(&self) -> Option<Subscribe> {
@@ -387,9 +387,9 @@ impl NftExecutor for NftKernel {
         family: IpFamily,
         set: &str,
         keys: &[&str],
-    ) -> Result<super::netlink::Found, NftError> {
+    ) -> Result<super::getelem::Found, NftError> {
         // On the kept socket, between our commits: what it finds is what they left.
-        let result = super::netlink::look_up_on(self.socket()?, family, set, keys);
+        let result = super::getelem::look_up_on(self.socket()?, family, set, keys);
         if result.is_err() {
             self.drop_socket();
         }
@@ -559,7 +559,7 @@ impl NftExecutor for FakeNft {
         family: IpFamily,
         set: &str,
         keys: &[&str],
-    ) -> Result<super::netlink::Found, NftError> {
+    ) -> Result<super::getelem::Found, NftError> {
         self.looked_up += keys.len();
         let elements = self
             .state

@@ -12,8 +12,8 @@
 //! reaches such an element: a front end's slots are numbered below its endpoint count, and
 //! front ends come from the smaller maps, which the check reads whole.
 
+use super::getelem::Found;
 use super::kernel::{NftError, Unread};
-use super::netlink::Found;
 use super::tables::Ruleset;
 use crate::model::IpFamily;
 use std::time::{Duration, Instant};

@@ -8,6 +8,7 @@ pub mod commits;
 pub mod diff;
 pub mod elements;
 pub mod generations;
+pub mod getelem;
 pub mod kernel;
 pub mod listing;
 pub mod lookups;
@@ -319,7 +320,8 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
                 // Of what could be read: a set left unread is flushed and filled anyway.
                 let found =
                     verify::differences(&kernel, &applied.ruleset, &verify::Recent::default());
-                drift = !found.is_empty() || std::mem::take(&mut self.drift_looked_up);
+                let looked_up = std::mem::take(&mut self.drift_looked_up);
+                drift = !found.is_empty() || looked_up;
                 self.held_at = at;
                 // The layout keeps an endpoint's slot as the previous state had it: for a
                 // set left unread, as we committed it (the set stays marked unread).
@@ -407,6 +409,10 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
 
     fn finish_check(&mut self, read: Readback) -> bool {
         self.finish_check_read(read)
+    }
+
+    fn abandon_check(&mut self) {
+        self.end_check();
     }
 
     fn check_step(&mut self, budget: Duration) -> Option<Result<CheckStep, BackendError>> {

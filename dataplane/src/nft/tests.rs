@@ -449,6 +449,13 @@ fn sets_too_large_to_read_back_are_flushed_and_filled_and_checks_look_their_elem
     be.sync(&fewer_yet, Scope::Services(&changed)).unwrap();
     assert!(be.finish_check(read));
     assert_eq!(steps(&mut be), Vec::<String>::new());
+    // A read that comes back after a failed sync ends the check: nothing is recorded on.
+    let read = be.begin_check().unwrap()().unwrap();
+    be.exec.fail_next = true;
+    assert!(be.sync(&fewer, Scope::Services(&changed)).is_err());
+    assert!(!be.finish_check(read));
+    assert!(be.verifying.is_none() && be.check.is_none());
+    be.sync(&fewer_yet, Scope::RepairAll).unwrap();
     // Someone else's change to the map is found by the lookups alone.
     let (key, _) = first_backend(&be);
     be.exec.foreign(|rs| {
@@ -466,6 +473,32 @@ fn sets_too_large_to_read_back_are_flushed_and_filled_and_checks_look_their_elem
         )]
     );
     // The repair that follows reports drift, though what it reads holds none; the next not.
+    assert!(be.sync(&fewer_yet, Scope::RepairAll).unwrap().drift);
+    assert!(!be.sync(&fewer_yet, Scope::RepairAll).unwrap().drift);
+    // Nor after a repair whose own read found drift as well.
+    let (key, _) = first_backend(&be);
+    be.exec.foreign(|rs| {
+        backends_mut(rs)
+            .elements
+            .insert(&key, Some("10.9.9.9 . 80"));
+    });
+    assert_eq!(
+        check(&mut be),
+        (
+            vec![format!(
+                "{} set backends: element {key} changed",
+                IpFamily::V4
+            )],
+            true
+        )
+    );
+    be.exec.foreign(|rs| {
+        rs.tables
+            .get_mut(&IpFamily::V4)
+            .unwrap()
+            .chains
+            .remove("services");
+    });
     assert!(be.sync(&fewer_yet, Scope::RepairAll).unwrap().drift);
     assert!(!be.sync(&fewer_yet, Scope::RepairAll).unwrap().drift);
     // Under the limit there is nothing to look up.

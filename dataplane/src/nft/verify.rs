@@ -167,7 +167,9 @@ impl Comparison {
         budget: Duration,
     ) -> Option<Vec<Difference>> {
         if recent.tables {
-            // A layout of ours changed while the read ran: it may show either.
+            // A layout of ours changed since the read began: it may show either. That
+            // commit wrote the whole table anew (or refilled a flushed set), so what it
+            // wrote is ours; anyone's commit after it starts another check.
             return Some(Vec::new());
         }
         let started = Instant::now();
