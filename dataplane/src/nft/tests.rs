@@ -211,6 +211,12 @@ fn failed_apply_keeps_kernel_state_and_next_sync_rereads() {
     assert_eq!(r.stats.operations(), 0, "{}", r.summary());
 }
 
+/// Someone deletes our IPv4 `services` chain.
+fn drop_services_chain(rs: &mut Ruleset) {
+    let table = rs.tables.get_mut(&IpFamily::V4).expect("an IPv4 table");
+    table.chains.remove("services");
+}
+
 /// The IPv4 backends map of `rs`.
 fn backends_mut(rs: &mut Ruleset) -> &mut super::tables::Set {
     rs.tables
@@ -293,11 +299,7 @@ fn elements_an_overlapping_read_misses_are_looked_up_before_they_count() {
     // A chain a read misses cannot be looked up: a second read must confirm it.
     be.sync(&s, Scope::RepairAll).unwrap();
     let mut read = be.exec.state.clone();
-    read.tables
-        .get_mut(&IpFamily::V4)
-        .unwrap()
-        .chains
-        .remove("services");
+    drop_services_chain(&mut read);
     let r = result(&mut be, read);
     assert_eq!(
         r.differences,
@@ -401,13 +403,7 @@ fn sets_too_large_to_read_back_are_flushed_and_filled_and_checks_look_their_elem
     // A repair flushes it too, and finds drift only in what it read.
     let r = be.sync(&s, Scope::RepairAll).unwrap();
     assert!(!r.drift);
-    be.exec.foreign(|rs| {
-        rs.tables
-            .get_mut(&IpFamily::V4)
-            .unwrap()
-            .chains
-            .remove("services");
-    });
+    be.exec.foreign(drop_services_chain);
     let r = be.sync(&s, Scope::RepairAll).unwrap();
     assert!(r.drift);
     assert_eq!(backends(&be), want);
@@ -492,13 +488,7 @@ fn sets_too_large_to_read_back_are_flushed_and_filled_and_checks_look_their_elem
             true
         )
     );
-    be.exec.foreign(|rs| {
-        rs.tables
-            .get_mut(&IpFamily::V4)
-            .unwrap()
-            .chains
-            .remove("services");
-    });
+    be.exec.foreign(drop_services_chain);
     assert!(be.sync(&fewer_yet, Scope::RepairAll).unwrap().drift);
     assert!(!be.sync(&fewer_yet, Scope::RepairAll).unwrap().drift);
     // Under the limit there is nothing to look up.
