@@ -109,7 +109,8 @@ impl Agent {
     }
 
     /// One step of the check in hand: the agent's loop runs it whenever it has nothing
-    /// else to do, so a sync waits at most [`CHECK_STEP`] for it.
+    /// else to do, so a sync that comes due waits for one step (about [`CHECK_STEP`]; up
+    /// to 5 ms measured on a loaded 2-core machine).
     pub(super) fn check_step(&mut self) {
         let Some(stepping) = self.stepping.as_mut() else {
             return;
@@ -124,7 +125,7 @@ impl Agent {
             Some(Ok(CheckStep::Done(check))) => Some(check),
             Some(Err(e)) => {
                 tracing::warn!(
-                    "cannot look our large sets up in the kernel for the periodic check: {e}; syncing in full"
+                    "cannot look elements up in the kernel for the periodic check: {e}; syncing in full"
                 );
                 self.schedule.require_full();
                 None

@@ -41,9 +41,12 @@ enum Outcome {
     Failed(BackendError),
 }
 
-/// Frees a read of the kernel on a thread of its own: 100k elements take tens of
-/// milliseconds to free, longer than the agent's loop may be held.
+/// Frees a read of the kernel on a thread of its own: at 100k services it holds hundreds
+/// of thousands of allocations, too many to free in one step of the agent's loop.
 fn drop_elsewhere(read: Ruleset) {
+    if read.tables.is_empty() {
+        return;
+    }
     let _ = std::thread::Builder::new()
         .name("free-read".into())
         .spawn(move || drop(read));

@@ -106,12 +106,8 @@ impl Lookups {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, (key, value))| {
-                    let what = match found.get(i) {
-                        Some(Some(theirs)) if theirs.as_deref() == *value => return None,
-                        Some(Some(_)) => "changed",
-                        Some(None) | None => "missing",
-                    };
-                    Some(format!("{family} set {name}: element {key} {what}"))
+                    let theirs = found.get(i).cloned().flatten();
+                    difference(*family, name, key, Some(*value), theirs)
                 })
                 .collect();
             if !differences.is_empty() {
@@ -123,6 +119,25 @@ impl Lookups {
             }
         }
     }
+}
+
+/// How the kernel's element under `key` (`theirs`: its value, `None` when it has none)
+/// differs from ours (`ours`: likewise), as a line for the log; `None` when it does not.
+fn difference(
+    family: IpFamily,
+    set: &str,
+    key: &str,
+    ours: Option<Option<&str>>,
+    theirs: Option<Option<String>>,
+) -> Option<String> {
+    let what = match (ours, theirs) {
+        (Some(o), Some(t)) if o == t.as_deref() => return None,
+        (None, None) => return None,
+        (Some(_), Some(_)) => "changed",
+        (Some(_), None) => "missing",
+        (None, Some(_)) => "not ours",
+    };
+    Some(format!("{family} set {set}: element {key} {what}"))
 }
 
 /// Elements a read that overlapped commits found different, looked up again between our
@@ -173,15 +188,8 @@ impl Confirmation {
             for (i, key) in batch.iter().enumerate() {
                 let ours = ours.and_then(|e| e.get(key));
                 let theirs = found.get(i).cloned().flatten();
-                let what = match (ours, theirs) {
-                    (Some(o), Some(t)) if o == t.as_deref() => continue,
-                    (None, None) => continue,
-                    (Some(_), Some(_)) => "changed",
-                    (Some(_), None) => "missing",
-                    (None, Some(_)) => "not ours",
-                };
                 self.confirmed
-                    .push(format!("{family} set {set}: element {key} {what}"));
+                    .extend(difference(family, &set, key, ours, theirs));
             }
             self.at += batch.len();
             if started.elapsed() >= budget {
