@@ -118,8 +118,9 @@ fn main() {
     }
     let cold = started.elapsed();
     let rss_first = status_mib(agent.id(), "VmRSS:");
-    // What the first sync freed goes back to the kernel within jemalloc's dirty decay (1 s,
-    // `.cargo/config.toml`); the second reading is after it.
+    // Sampled within one poll (200 ms) of the first sync; what the sync freed goes back to
+    // the kernel within jemalloc's dirty decay (100 ms, `.cargo/config.toml`), and the
+    // second reading is well after it.
     std::thread::sleep(Duration::from_secs(2));
     let rss_settled = status_mib(agent.id(), "VmRSS:");
     let before = scrape(&ns);

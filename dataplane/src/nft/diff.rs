@@ -6,6 +6,7 @@
 //! tests feed nft (whose JSON input mishandles concatenated map values, see
 //! ARCHITECTURE.md).
 
+use super::elements::Elements;
 use super::ownership::Touched;
 use super::skeleton::BACKEND_MAPS;
 use super::tables::{family_name, Chain, Ruleset, Set, Table, TABLE};
@@ -48,7 +49,8 @@ pub enum Op {
     AddElements {
         family: IpFamily,
         set: String,
-        elements: Vec<(String, Option<String>)>,
+        /// All of a set's elements share the desired ruleset's tree (see [`Elements`]).
+        elements: Elements,
     },
     DeleteElements {
         family: IpFamily,
@@ -271,7 +273,7 @@ fn write_op(out: &mut String, op: &Op) {
             "add",
             *family,
             set,
-            elements.iter().map(|(k, v)| element_text(k, v.as_deref())),
+            elements.iter().map(|(k, v)| element_text(k, v)),
         ),
         Op::DeleteElements { family, set, keys } => {
             write_elements(out, "delete", *family, set, keys.iter().cloned())
@@ -354,11 +356,7 @@ fn every_element(family: IpFamily, name: &str, set: &Set) -> Option<Op> {
     (!set.elements.is_empty()).then(|| Op::AddElements {
         family,
         set: name.to_string(),
-        elements: set
-            .elements
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
-            .collect(),
+        elements: set.elements.clone(),
     })
 }
 
@@ -448,11 +446,10 @@ fn update_table(tx: &mut Transaction, family: IpFamily, old: &Table, new: &Table
                 keys: deleted,
             });
         }
-        let added: Vec<(String, Option<String>)> = set
+        let added: Elements = set
             .elements
             .iter()
             .filter(|(k, v)| o.elements.get(k) != Some(*v))
-            .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
             .collect();
         if !added.is_empty() {
             adds.push(Op::AddElements {
@@ -524,7 +521,7 @@ pub fn patch(new: &Ruleset, touched: &[(IpFamily, Touched)]) -> Transaction {
         }
         write_rules(&mut tx, family, table, &written);
         let mut deleted: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-        let mut added: BTreeMap<&str, Vec<(String, Option<String>)>> = BTreeMap::new();
+        let mut added: BTreeMap<&str, Elements> = BTreeMap::new();
         for ((set, key), old) in &t.elements {
             let now = table.sets.get(*set).and_then(|s| s.elements.get(key));
             if old.as_ref().map(Option::as_deref) == now {
@@ -534,10 +531,7 @@ pub fn patch(new: &Ruleset, touched: &[(IpFamily, Touched)]) -> Transaction {
                 deleted.entry(set).or_default().push(key.clone());
             }
             if let Some(v) = now {
-                added
-                    .entry(set)
-                    .or_default()
-                    .push((key.clone(), v.map(str::to_string)));
+                added.entry(set).or_default().insert(key, v);
             }
         }
         for (set, keys) in deleted {
@@ -678,11 +672,11 @@ fn apply_op(rs: &mut Ruleset, op: &Op) -> Result<(), ApplyError> {
                     }
                 }
                 match s.elements.get(k) {
-                    Some(existing) if existing != v.as_deref() => {
+                    Some(existing) if existing != v => {
                         return Err(ApplyError(format!("add element {set} {k}: File exists")))
                     }
                     _ => {
-                        s.elements.insert(k, v.as_deref());
+                        s.elements.insert(k, v);
                     }
                 }
             }

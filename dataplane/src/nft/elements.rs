@@ -1,15 +1,20 @@
 //! A set's or map's elements as canonical text, ordered by key: one allocation per element
-//! holding its key and value together, in a tree of 24-byte entries.
+//! holding its key and value together, in a tree of 24-byte entries, shared until written.
 //!
 //! A `BTreeMap<String, Option<String>>` cost two allocations and a 48-byte entry per element:
 //! at 10k services x 10 endpoints the applied ruleset's 120k elements took about 18 MB
-//! (heaptrack), most of it the backends map.
+//! (heaptrack), most of it the backends map. The tree sits behind an `Arc` so that a
+//! transaction that adds every element of a set (a first sync, a flushed set) shares it
+//! with the desired ruleset instead of copying it: that copy was the largest block at the
+//! heap's peak of a first sync (18 MB at 10k x 10, heaptrack). A write to a shared tree
+//! copies it (`Arc::make_mut`); the transaction is gone by the next sync's writes.
 
 use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::ops::Bound;
+use std::sync::Arc;
 
 /// One element: `text` is its key followed by its value, if any.
 #[derive(Clone)]
@@ -72,9 +77,9 @@ impl PartialEq for Element {
 
 impl Eq for Element {}
 
-/// Key to value (`None` in a plain set), ordered by key.
+/// Key to value (`None` in a plain set), ordered by key. A clone shares the tree.
 #[derive(Clone, Default)]
-pub struct Elements(BTreeSet<Element>);
+pub struct Elements(Arc<BTreeSet<Element>>);
 
 impl Elements {
     pub fn len(&self) -> usize {
@@ -96,14 +101,30 @@ impl Elements {
 
     /// Put `key` in with `value`; returns the value it replaced, if `key` was in.
     pub fn insert(&mut self, key: &str, value: Option<&str>) -> Option<Option<String>> {
-        self.0
+        if Arc::get_mut(&mut self.0).is_none() {
+            if let Some(held) = self.get(key).filter(|held| *held == value) {
+                // Unchanged: a shared tree stays shared.
+                return Some(held.map(str::to_string));
+            }
+        }
+        Arc::make_mut(&mut self.0)
             .replace(Element::new(key, value))
             .map(Element::into_value)
     }
 
     /// Take `key` out; returns its value, if it was in.
     pub fn remove(&mut self, key: &str) -> Option<Option<String>> {
-        self.0.take(key).map(Element::into_value)
+        if Arc::get_mut(&mut self.0).is_none() && !self.contains_key(key) {
+            return None;
+        }
+        Arc::make_mut(&mut self.0)
+            .take(key)
+            .map(Element::into_value)
+    }
+
+    /// Whether `self` and `other` are one tree (a clone not written to since).
+    pub fn shares_with(&self, other: &Elements) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 
     /// Rebuild the tree with full nodes. Added in key order, as a layout adds them, a
@@ -111,18 +132,22 @@ impl Elements {
     /// took 45 bytes per 24-byte element (heaptrack).
     pub fn compact(&mut self) {
         // Collected from a sorted sequence, a B-tree is built bottom-up with full nodes.
-        self.0 = std::mem::take(&mut self.0).into_iter().collect();
+        let tree = std::mem::take(&mut self.0);
+        self.0 = Arc::new(match Arc::try_unwrap(tree) {
+            Ok(tree) => tree.into_iter().collect(),
+            Err(shared) => shared.iter().cloned().collect(),
+        });
     }
 
     #[cfg(test)]
     pub fn clear(&mut self) {
-        self.0.clear();
+        self.0 = Arc::default();
     }
 
     /// Take the first element out.
     #[cfg(test)]
     pub fn pop_first(&mut self) -> Option<(String, Option<String>)> {
-        self.0
+        Arc::make_mut(&mut self.0)
             .pop_first()
             .map(|e| (e.key().to_string(), e.into_value()))
     }
@@ -239,5 +264,33 @@ mod tests {
             .into_iter()
             .collect();
         assert_ne!(e, other, "equal keys with another value differ");
+    }
+
+    #[test]
+    fn a_clone_shares_the_tree_until_either_is_written() {
+        let mut a: Elements = [("k1", Some("v1")), ("k2", None)].into_iter().collect();
+        let b = a.clone();
+        assert!(a.shares_with(&b));
+        // Writes that change nothing keep the tree shared.
+        assert_eq!(a.insert("k1", Some("v1")), Some(Some("v1".to_string())));
+        assert_eq!(a.remove("absent"), None);
+        assert!(
+            a.shares_with(&b),
+            "a write that changes nothing copied the tree"
+        );
+        assert_eq!(a.insert("k1", Some("v2")), Some(Some("v1".to_string())));
+        assert!(!a.shares_with(&b));
+        assert_eq!(
+            b.get("k1"),
+            Some(Some("v1")),
+            "the clone saw the other's write"
+        );
+        assert_eq!(a.get("k1"), Some(Some("v2")));
+        let mut c = b.clone();
+        assert_eq!(c.remove("k2"), Some(None));
+        assert_eq!(b.get("k2"), Some(None), "the clone saw the other's removal");
+        let mut d = b.clone();
+        d.compact();
+        assert_eq!(d, b, "compacting a shared tree changed what it holds");
     }
 }

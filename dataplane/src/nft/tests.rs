@@ -113,6 +113,33 @@ fn render_is_deterministic_and_complete() {
 }
 
 #[test]
+fn a_first_sync_shares_every_set_s_elements_with_the_desired_ruleset_instead_of_copying() {
+    let (desired, _) = plan::desired(&big(20, 3), &Ruleset::default());
+    let tx = diff(&Ruleset::default(), &desired, false);
+    let mut shared = 0;
+    for op in &tx.ops {
+        if let Op::AddElements {
+            family,
+            set,
+            elements,
+        } = op
+        {
+            let want = &desired.table(*family).unwrap().sets[set].elements;
+            assert!(
+                elements.shares_with(want),
+                "{set}: the transaction copied its elements"
+            );
+            shared += elements.len();
+        }
+    }
+    let total: usize = desired.tables.values().map(|t| t.element_count()).sum();
+    assert!(total >= 60, "the layout has {total} elements");
+    assert_eq!(shared, total);
+    // What it commits is still every element.
+    assert_eq!(apply(&Ruleset::default(), &tx).unwrap(), desired);
+}
+
+#[test]
 fn service_without_endpoints_rejects_on_every_front_end() {
     let mut svc = port("ns1", "svc1", "172.30.0.41", 80);
     svc.node_port = 3001;

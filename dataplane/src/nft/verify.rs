@@ -50,7 +50,7 @@ impl Recent {
                     self.elements
                         .entry((*family, set.clone()))
                         .or_default()
-                        .extend(elements.iter().map(|(k, _)| k.clone()));
+                        .extend(elements.keys().map(str::to_string));
                 }
                 Op::DeleteElements { family, set, keys } => {
                     self.elements

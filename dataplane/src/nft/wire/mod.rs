@@ -346,8 +346,7 @@ impl Writer {
                 );
             }
             Op::AddElements { set, elements, .. } => {
-                let items = elements.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
-                self.elements(family, set, items, false)?;
+                self.elements(family, set, elements.iter(), false)?;
             }
             Op::DeleteElements { set, keys, .. } => {
                 let items = keys.iter().map(|k| (k.as_str(), None));
