@@ -51,12 +51,27 @@ pub(super) fn watch_changes(subscribe: Option<Subscribe>) -> mpsc::Receiver<()> 
 /// that comes due meanwhile waits about this long at most.
 pub(super) const CHECK_STEP: Duration = Duration::from_millis(1);
 
+/// How long a check that someone else's commit started waits before it reads our tables.
+///
+/// A program that commits to nf_tables closes its socket after, and the close waits, with
+/// nf_tables' commit mutex held, for the clean-up of the commits before it, which waits for
+/// an RCU grace period (`nft_rcv_nl_event`, `__flush_work`, `nf_tables_trans_destroy_work`,
+/// `synchronize_rcu`: kernel stacks from `perf record -e sched:sched_switch -g`). A read begun
+/// at once dumps our sets meanwhile, each reply a walk of a set inside an RCU read-side
+/// section, and the grace period, the close and so our next commit waited for it: at 10k x 10
+/// with our table touched once a second (`agent_e2e`, `SY_BENCH_FOREIGN=2`), one sync per
+/// check took 9 to 256 ms (p99 66 to 102 ms); reading 100 ms later, p99 12.6 and 14.2 ms,
+/// what the other program's close costs anyway.
+pub(super) const SETTLE: Duration = Duration::from_millis(100);
+
 /// A check going on in steps between syncs.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Stepping {
     started: Instant,
     steps: usize,
     longest: Duration,
+    /// How much of the longest step the loop's thread spent waiting for a CPU.
+    longest_waiting: Option<Duration>,
 }
 
 impl Stepping {
@@ -65,8 +80,21 @@ impl Stepping {
             started,
             steps: 0,
             longest: Duration::ZERO,
+            longest_waiting: None,
         }
     }
+}
+
+/// How long the calling thread has waited for a CPU since it started (the second field of
+/// `/proc/thread-self/schedstat`), when debug logging is on: it tells a long step's own work
+/// from the time the loop's thread was runnable but not running.
+fn waited_for_cpu() -> Option<Duration> {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return None;
+    }
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
 }
 
 impl Agent {
@@ -116,10 +144,17 @@ impl Agent {
             return;
         };
         let backend = &mut self.backend;
+        let waited = waited_for_cpu();
         let t = Instant::now();
         let step = tokio::task::block_in_place(|| backend.check_step(CHECK_STEP));
+        let took = t.elapsed();
         stepping.steps += 1;
-        stepping.longest = stepping.longest.max(t.elapsed());
+        if took > stepping.longest {
+            stepping.longest = took;
+            stepping.longest_waiting = waited
+                .zip(waited_for_cpu())
+                .map(|(before, after)| after.saturating_sub(before));
+        }
         let check = match step {
             Some(Ok(CheckStep::More)) => return,
             Some(Ok(CheckStep::Done(check))) => Some(check),
@@ -136,9 +171,12 @@ impl Agent {
         let stepping = self.stepping.take().unwrap_or_else(|| Stepping::since(t));
         self.checking = false;
         tracing::debug!(
-            "periodic check: {} steps between syncs, the longest {:?}",
+            "periodic check: {} steps between syncs, the longest {:?} ({} waiting for a CPU)",
             stepping.steps,
-            stepping.longest
+            stepping.longest,
+            stepping
+                .longest_waiting
+                .map_or("not known how long".to_string(), |w| format!("{w:?}"))
         );
         if let Some(check) = check {
             self.metrics
@@ -199,18 +237,25 @@ impl Agent {
             .with_label_values(&["notification"])
             .inc();
         tracing::debug!("another commit to nf_tables: checking our tables");
-        self.start_check(Instant::now());
+        self.start_check_after(Instant::now(), SETTLE);
     }
 
     /// Read the kernel back in the background; [`Self::checked`] gets the result.
     pub(super) fn start_check(&mut self, now: Instant) {
+        self.start_check_after(now, Duration::ZERO);
+    }
+
+    /// [`Self::start_check`], the read `settle` later. What our commits do meanwhile is
+    /// recorded from now on, as during the read.
+    fn start_check_after(&mut self, now: Instant, settle: Duration) {
         let Some(read) = self.backend.begin_check() else {
             return;
         };
         self.checking = true;
         let tx = self.checked_tx.clone();
         tokio::task::spawn_blocking(move || {
-            let _ = tx.blocking_send((read(), now));
+            std::thread::sleep(settle);
+            let _ = tx.blocking_send((read(), now + settle));
         });
     }
 

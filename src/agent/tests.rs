@@ -406,6 +406,38 @@ async fn a_check_goes_on_in_steps_while_syncs_go_on() {
     assert!(r.agent.stepping.is_none() && !r.agent.checking);
 }
 
+/// Someone else's commit starts a check whose read waits for their commit to settle
+/// (`kernel_checks::SETTLE`); a periodic check reads at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_someone_elses_commit_starts_reads_once_that_commit_has_settled() {
+    let mut r = rig();
+    r.agent.record(service("web", "10.96.0.20", "TCP"));
+    r.agent.sync();
+    let seen = Instant::now();
+    r.agent.commit_seen();
+    assert_eq!(r.script.lock().unwrap().checks_begun, 1);
+    assert!(r.agent.checking);
+    let (_, started) = tokio::time::timeout(Duration::from_secs(5), r.checked_rx.recv())
+        .await
+        .expect("the read comes")
+        .expect("the channel is open");
+    assert!(
+        seen.elapsed() >= super::kernel_checks::SETTLE,
+        "read {:?} after the commit was seen",
+        seen.elapsed()
+    );
+    assert!(started >= seen + super::kernel_checks::SETTLE);
+    // A periodic check: no wait, and timed from when it was asked for.
+    r.agent.checking = false;
+    let asked = Instant::now();
+    r.agent.start_check(asked);
+    let (_, started) = tokio::time::timeout(Duration::from_secs(5), r.checked_rx.recv())
+        .await
+        .expect("the read comes")
+        .expect("the channel is open");
+    assert_eq!(started, asked);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drift_seen_by_an_overlapping_read_is_confirmed_by_a_second_one() {
     let mut r = rig();
