@@ -111,11 +111,13 @@ pub fn object_key(o: &Object) -> ObjectKey {
     }
 }
 
-/// One pending change: the state the last sync programmed and the state now.
+/// One pending change: the state the last sync programmed. The state now is the
+/// snapshot's; a copy of it in every change, which the first sync's changes hold for every
+/// service and slice, was 7.7 MB of the 10k-service agent's heap at its first sync
+/// (heaptrack), and freed right after it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change<T> {
     pub previous: T,
-    pub current: T,
     /// When the first event of this change arrived.
     pub first_event: Instant,
     /// The trigger-time annotations of the slice updates that made this change, one per
@@ -738,13 +740,9 @@ fn track<T: PartialEq>(
     trigger: Trigger,
 ) {
     let mut c = match pending.remove(&key) {
-        Some(mut c) => {
-            c.current = current;
-            c
-        }
+        Some(c) => c,
         None => Change {
             previous,
-            current,
             first_event: now,
             trigger_times: Vec::new(),
         },
@@ -754,7 +752,7 @@ fn track<T: PartialEq>(
         Trigger::At(f, t) => c.trigger_times.push((f, t)),
         Trigger::Reset => c.trigger_times.clear(),
     }
-    if c.previous != c.current {
+    if c.previous != current {
         pending.insert(key, c);
     }
 }
