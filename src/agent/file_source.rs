@@ -281,17 +281,21 @@ impl Watcher {
         self.files.remove(&path).and_then(|e| e.parsed.err())
     }
 
-    /// Every file's objects, in path order (as [`manifests::load`] reads them): those of
-    /// files read and not reported yet (at the first report, all of them).
-    fn merged(&self) -> Manifests {
+    /// Every file's objects, in path order (as [`manifests::load`] reads them), moved out
+    /// of the files, which keep what identifies them (as after a report). They were cloned,
+    /// and the files' copies dropped only after the report: two of every decoded object at
+    /// the first read's peak.
+    fn take_merged(&mut self) -> Manifests {
         let mut m = Manifests::default();
         let mut seen = std::collections::BTreeMap::new();
-        for (path, objects) in self.files.iter().filter_map(|(p, e)| match &e.parsed {
-            Ok(Objects::Whole(o)) => Some((p, o)),
-            _ => None,
-        }) {
-            for (i, o) in objects.iter().enumerate() {
-                m.push(o.clone(), manifests::place(path, i), &mut seen);
+        for (path, entry) in &mut self.files {
+            let Ok(Objects::Whole(objects)) = &mut entry.parsed else {
+                continue;
+            };
+            let objects = std::mem::take(objects);
+            entry.parsed = Ok(Objects::Known(objects.iter().map(Known::of).collect()));
+            for (i, o) in objects.into_iter().enumerate() {
+                m.push(o, manifests::place(path, i), &mut seen);
             }
         }
         m
@@ -463,10 +467,9 @@ pub fn initial(path: &Path) -> Result<(Vec<SourceEvent>, Watcher), ManifestError
             path: path.to_path_buf(),
         }));
     }
-    let events = replace_all(w.merged());
+    let events = replace_all(w.take_merged());
     w.copies.reported();
     w.touched.clear();
-    w.forget_objects();
     Ok((events, w))
 }
 

@@ -143,6 +143,30 @@ fn file_source_reads_only_changed_files_and_sees_edits_in_subdirectories() {
     assert!(w.poll(now).is_none());
 }
 
+/// The first report moves the decoded objects out of the files, which keep only what
+/// identifies them: no object is held twice while the store takes them.
+#[test]
+fn the_first_report_takes_the_decoded_objects_rather_than_copying_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("a.yaml"), svc("a", "172.30.0.1")).unwrap();
+    std::fs::write(d.join("b.yaml"), svc("b", "172.30.0.2")).unwrap();
+    let mut w = Watcher::new(d.to_path_buf(), manifests::MAX_FILE_BYTES);
+    assert!(w.refresh(Instant::now()));
+    assert!(w
+        .files
+        .values()
+        .all(|e| matches!(e.parsed, Ok(Objects::Whole(ref o)) if o.len() == 1)));
+    let m = w.take_merged();
+    assert_eq!(m.services.len(), 2);
+    assert!(
+        w.files
+            .values()
+            .all(|e| matches!(e.parsed, Ok(Objects::Known(ref k)) if k.len() == 1)),
+        "the files still hold their decoded objects"
+    );
+}
+
 #[test]
 fn file_source_reads_a_broken_file_again_only_when_it_changes() {
     let dir = tempfile::tempdir().unwrap();
