@@ -1,6 +1,7 @@
 //! The agent's object store: the converted form of every watched object, the live snapshot
-//! kept up to date from them one object at a time, and the change tracker that records
-//! {previous, current} per service until the next sync takes the changes.
+//! kept up to date from them one object at a time, and the change tracker that records per
+//! service what the last sync programmed (the state now is the snapshot's) until the next
+//! sync takes the changes.
 
 use crate::config::ProxyConfig;
 use crate::convert::{self, Skip, SliceEndpoints, LABEL_SERVICE_NAME};
