@@ -336,15 +336,30 @@ impl Socket {
         request: &Request<'_>,
         each: &mut dyn FnMut(&[u8]),
     ) -> Result<(), NetlinkError> {
+        self.request_each_paced(what, request, each, &mut || {})
+    }
+
+    /// [`Self::request_each`], calling `pace` before the send and before each receive: the
+    /// kernel fills a dump's first reply as the request arrives and the next ones only when
+    /// asked for them.
+    pub fn request_each_paced(
+        &mut self,
+        what: &str,
+        request: &Request<'_>,
+        each: &mut dyn FnMut(&[u8]),
+        pace: &mut dyn FnMut(),
+    ) -> Result<(), NetlinkError> {
         let seq = self.next_seq();
         let mut buf = Vec::with_capacity(32 + request.attrs.len());
         request.write(&mut buf, seq);
+        pace();
         self.send(what, &buf)?;
         let dump = request.flags & NLM_F_DUMP == NLM_F_DUMP;
         let ack = request.flags & NLM_F_ACK != 0;
         let mut replies = 0usize;
         loop {
             let mut end = None;
+            pace();
             for m in self.receive(what)? {
                 if m.seq != seq {
                     continue;

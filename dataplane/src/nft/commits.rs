@@ -51,7 +51,7 @@ impl Commits {
                     {
                         if m.kind & 0xff == NFT_MSG_NEWGEN {
                             match generation_of(m.body) {
-                                Some(g) => seen.committed(g),
+                                Some(g) => seen.committed_by(g, m.pid),
                                 None => seen.lost(generation_now()),
                             }
                         } else if seen.announced(m.pid, names_our_table(m.body)) {

@@ -44,6 +44,8 @@ pub struct Generations {
     /// Generations up to this one were committed before the listener was back in the
     /// group: each counts as a change.
     doubtful_up_to: Option<u32>,
+    /// When the listener last saw another program's batch end ([`super::pacing`]).
+    last_foreign: Option<std::time::Instant>,
 }
 
 impl Generations {
@@ -59,6 +61,20 @@ impl Generations {
         let theirs = names_our_table && self.own_port != Some(port);
         self.open_changed |= theirs;
         theirs
+    }
+
+    /// The end of a batch committed on the socket with `port`: the kernel moved to
+    /// `generation`.
+    pub fn committed_by(&mut self, generation: u32, port: u32) {
+        if self.own_port != Some(port) {
+            self.last_foreign = Some(std::time::Instant::now());
+        }
+        self.committed(generation);
+    }
+
+    /// When another program's batch last ended, as far as the listener saw.
+    pub fn last_foreign_commit(&self) -> Option<std::time::Instant> {
+        self.last_foreign
     }
 
     /// The end of a batch: the kernel moved to `generation`.

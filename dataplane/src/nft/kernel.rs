@@ -6,6 +6,7 @@ use super::elements::Elements;
 use super::generations::{next_generation, Generations};
 use super::listing::{parse_table, ListingError};
 use super::netlink::Reader;
+use super::pacing::Pacer;
 use super::skeleton::MAP_AFFINITY;
 use super::tables::{family_name, Ruleset, TABLE};
 use super::wire::{CommitError, EncodeError};
@@ -366,17 +367,25 @@ impl NftExecutor for NftKernel {
 
     fn background_read(&self, unread: Unread) -> Option<BackgroundRead> {
         let kept = self.background.clone();
+        let seen = self.seen.clone();
         Some(Box::new(move || {
             // Kept open from one check to the next, as the commit socket is: closing it
             // would hold our next commit (see `NftKernel`). One check reads at a time.
             let mut kept = lock(&kept);
-            let mut reader = match kept.take() {
+            let reader = match kept.take() {
                 Some(socket) => Reader::on(socket),
                 None => Reader::open()?,
             };
+            let mut reader = reader.paced(Pacer::new(seen));
             let read = read_on(&mut reader, &|f, name| {
                 unread.contains(&(f, name.to_string()))
             })?;
+            let waited = reader.waited();
+            if !waited.is_zero() {
+                tracing::debug!(
+                    "periodic check: the read waited {waited:?} for other programs' commits to settle"
+                );
+            }
             *kept = Some(reader.into_socket());
             Ok(read)
         }))

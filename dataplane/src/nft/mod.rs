@@ -14,6 +14,7 @@ pub mod listing;
 pub mod lookups;
 pub mod netlink;
 pub mod ownership;
+pub mod pacing;
 pub mod plan;
 pub mod sizing;
 pub mod skeleton;

@@ -9,11 +9,13 @@
 //! Writes go as netlink batches too ([`super::wire`]).
 
 use super::elements::Elements;
+use super::pacing::Pacer;
 use super::skeleton::*;
 use super::tables::{family_name, Chain, Set, Table, TABLE};
 use crate::model::IpFamily;
 use crate::netlink::*;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
 
 // libnftnl's user-data TLV types, where nft keeps comments.
 const UDATA_SET_COMMENT: u8 = 7;
@@ -38,18 +40,36 @@ fn udata_comment(data: &[u8], kind: u8) -> String {
 /// An open nfnetlink socket in the calling thread's network namespace, reading nf_tables.
 pub struct Reader {
     socket: Socket,
+    /// Waits before each receive while another program's commit settles (a check's
+    /// background read).
+    pacer: Option<Pacer>,
 }
 
 impl Reader {
     pub fn open() -> Result<Reader, NetlinkError> {
         Ok(Reader {
             socket: Socket::open(NETLINK_NETFILTER, "nfnetlink")?,
+            pacer: None,
         })
     }
 
     /// A reader on a socket already open (kept: see `NftKernel`).
     pub fn on(socket: Socket) -> Reader {
-        Reader { socket }
+        Reader {
+            socket,
+            pacer: None,
+        }
+    }
+
+    /// This reader, waiting before each receive as `pacer` says.
+    pub fn paced(mut self, pacer: Pacer) -> Reader {
+        self.pacer = Some(pacer);
+        self
+    }
+
+    /// How long the reader waited for others' commits to settle.
+    pub fn waited(&self) -> Duration {
+        self.pacer.as_ref().map_or(Duration::ZERO, |p| p.waited)
     }
 
     pub fn into_socket(self) -> Socket {
@@ -66,7 +86,19 @@ impl Reader {
         attrs: &[u8],
     ) -> Result<Vec<Vec<u8>>, NetlinkError> {
         let request = Request::nfnl(NFNL_SUBSYS_NFTABLES, msg, flags, family, attrs);
-        self.socket.request(what, &request)
+        let mut out = Vec::new();
+        let pacer = &mut self.pacer;
+        self.socket.request_each_paced(
+            what,
+            &request,
+            &mut |body| out.push(body.to_vec()),
+            &mut || {
+                if let Some(p) = pacer.as_mut() {
+                    p.wait_if_settling();
+                }
+            },
+        )?;
+        Ok(out)
     }
 
     fn dump(
