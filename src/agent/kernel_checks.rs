@@ -137,9 +137,9 @@ impl Agent {
     }
 
     /// One step of the check in hand: the agent's loop runs it whenever it has nothing
-    /// else to do, so a sync that comes due waits for one step (about [`CHECK_STEP`]: at
-    /// most 1.6 ms of work measured on a loaded 2-core machine; the longer ones, up to 6
-    /// ms, were the thread waiting for a CPU, which the debug log reports).
+    /// else to do, so a sync that comes due waits for one step (about [`CHECK_STEP`]: 1.3
+    /// to 1.8 ms, once 2.3 ms, less the thread's time waiting for a CPU, measured on a
+    /// loaded 2-core machine; with that wait, up to 6 ms. The debug log reports both).
     pub(super) fn check_step(&mut self) {
         let Some(stepping) = self.stepping.as_mut() else {
             return;
