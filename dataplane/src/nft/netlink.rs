@@ -40,8 +40,8 @@ fn udata_comment(data: &[u8], kind: u8) -> String {
 /// An open nfnetlink socket in the calling thread's network namespace, reading nf_tables.
 pub struct Reader {
     socket: Socket,
-    /// Waits before each receive while another program's commit settles (a check's
-    /// background read).
+    /// Waits before each request and receive while another program's commit settles (a
+    /// check's background read).
     pacer: Option<Pacer>,
 }
 
@@ -61,7 +61,7 @@ impl Reader {
         }
     }
 
-    /// This reader, waiting before each receive as `pacer` says.
+    /// This reader, waiting before each request and receive as `pacer` says.
     pub fn paced(mut self, pacer: Pacer) -> Reader {
         self.pacer = Some(pacer);
         self
