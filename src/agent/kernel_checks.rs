@@ -51,18 +51,13 @@ pub(super) fn watch_changes(subscribe: Option<Subscribe>) -> mpsc::Receiver<()> 
 /// that comes due meanwhile waits about this long at most.
 pub(super) const CHECK_STEP: Duration = Duration::from_millis(1);
 
-/// How long a check that someone else's commit started waits before it reads our tables.
-///
-/// A program that commits to nf_tables closes its socket after, and the close waits, with
-/// nf_tables' commit mutex held, for the clean-up of the commits before it, which waits for
-/// an RCU grace period (`nft_rcv_nl_event`, `__flush_work`, `nf_tables_trans_destroy_work`,
-/// `synchronize_rcu`: kernel stacks from `perf record -e sched:sched_switch -g`). A read begun
-/// at once dumps our sets meanwhile, each reply a walk of a set inside an RCU read-side
-/// section, and the grace period, the close and so our next commit waited for it: at 10k x 10
-/// with our table touched once a second (`agent_e2e`, `SY_BENCH_FOREIGN=2`), one sync per
-/// check took 9 to 256 ms (p99 66 to 102 ms); reading 100 ms later, p99 12.6 and 14.2 ms,
-/// what the other program's close costs anyway.
-pub(super) const SETTLE: Duration = Duration::from_millis(100);
+/// How long a check that someone else's commit started waits before it reads our tables:
+/// as long as a read in progress waits for such a commit to settle, for the reason
+/// `dataplane::nft::pacing` gives. At 10k x 10 with our table touched once a second
+/// (`agent_e2e`, `SY_BENCH_FOREIGN=2`), a read begun at once made one sync per check take
+/// 9 to 256 ms (p99 66 to 102 ms); reading 100 ms later, p99 12.6 and 14.2 ms, what the
+/// other program's close costs anyway.
+pub(super) const SETTLE: Duration = dataplane::nft::pacing::SETTLE;
 
 /// A check going on in steps between syncs.
 #[derive(Debug, Clone, Copy)]

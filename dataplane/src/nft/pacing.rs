@@ -35,8 +35,8 @@ pub fn wait_for(
         .min(left)
 }
 
-/// Waits before each receive of one read while another program's commit settles, as the
-/// change listener reports commits in `seen`.
+/// Waits before each request and receive of one read while another program's commit
+/// settles, as the change listener reports commits in `seen`.
 pub struct Pacer {
     seen: Arc<Mutex<Generations>>,
     left: Duration,
