@@ -4,7 +4,6 @@
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -294,6 +293,21 @@ pub fn list(path: &Path) -> Result<Listing, ManifestError> {
 /// open file, before reading) and its objects. A file found in a directory is opened without
 /// blocking and read only if it is still a regular file; no file is read past `cap` bytes.
 pub fn read_file(found: &Found, cap: u64) -> Result<(Stamp, Vec<Object>), ManifestError> {
+    let mut objects = Vec::new();
+    let stamp = read_file_each(found, cap, &mut |o| objects.push(o))?;
+    Ok((stamp, objects))
+}
+
+/// [`read_file`], handing each object to `each` as soon as it is decoded rather than
+/// collecting them: a reader that converts them as they come never holds a whole file of
+/// decoded objects (a JSON list of 100k Services and 100k EndpointSlices decoded whole took
+/// the agent's first read to 1.3 GB). On an error, `each` has had the objects decoded
+/// before it.
+pub fn read_file_each(
+    found: &Found,
+    cap: u64,
+    each: &mut dyn FnMut(Object),
+) -> Result<Stamp, ManifestError> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let path = &found.path;
@@ -339,7 +353,8 @@ pub fn read_file(found: &Found, cap: u64) -> Result<(Stamp, Vec<Object>), Manife
             "stream did not contain valid UTF-8",
         ))
     })?;
-    Ok((Stamp::of(&md), parse(&text, path)?))
+    parse_each(&text, path, each)?;
+    Ok(Stamp::of(&md))
 }
 
 /// Load every object under `path`; skipped entries are logged as warnings.
@@ -362,32 +377,26 @@ pub fn load(path: &Path) -> Result<Manifests, ManifestError> {
 /// several times faster and in a fraction of the memory); YAML through serde-saphyr, within
 /// [`yaml_options`]' limits, one document at a time.
 pub fn parse(text: &str, path: &Path) -> Result<Vec<Object>, ManifestError> {
-    let json = path.extension().and_then(|e| e.to_str()) == Some("json")
+    let mut objects = Vec::new();
+    parse_each(text, path, &mut |o| objects.push(o))?;
+    Ok(objects)
+}
+
+/// [`parse`], handing each object to `each` as it is decoded (see [`read_file_each`]).
+pub fn parse_each(
+    text: &str,
+    path: &Path,
+    each: &mut dyn FnMut(Object),
+) -> Result<(), ManifestError> {
+    let is_json = path.extension().and_then(|e| e.to_str()) == Some("json")
         || text.trim_start().starts_with('{');
-    if json {
-        let mut out = Vec::new();
-        // Each document is checked whole first, as parsing it into a tree checked it (the
-        // same errors, with their document, line and column): skipping over a list's items
-        // as text checks neither nesting depth nor escapes.
-        let mut docs = serde_json::Deserializer::from_str(text).into_iter::<Checked>();
-        let (mut i, mut start) = (0, 0);
-        while let Some(doc) = docs.next() {
-            i += 1;
-            let syntax = |e: serde_json::Error| ManifestError::Syntax {
-                path: path.to_path_buf(),
-                doc: i,
-                message: e.to_string(),
-            };
-            doc.map_err(syntax)?;
-            let end = docs.byte_offset();
-            let raw: &RawValue =
-                serde_json::from_str(text.get(start..end).unwrap_or_default()).map_err(syntax)?;
-            start = end;
-            collect_raw(raw, path, &mut out)?;
-        }
-        return Ok(out);
+    if is_json {
+        return json::parse(text, path, each);
     }
-    parse_yaml(text, path, yaml_options())
+    parse_yaml(text, path, yaml_options())?
+        .into_iter()
+        .for_each(each);
+    Ok(())
 }
 
 fn parse_yaml(
@@ -542,7 +551,8 @@ impl Extend<serde_json::Value> for Decoded {
     fn extend<I: IntoIterator<Item = serde_json::Value>>(&mut self, docs: I) {
         for doc in docs {
             if self.error.is_none() {
-                if let Err(e) = decode_all(doc, &mut self.objects, &mut self.ignored) {
+                let objects = &mut self.objects;
+                if let Err(e) = decode_all(doc, &mut |o| objects.push(o), &mut self.ignored) {
                     self.error = Some(e);
                 }
             }
@@ -576,7 +586,7 @@ struct Undecodable {
 fn collect(
     value: serde_json::Value,
     path: &Path,
-    out: &mut Vec<Object>,
+    out: &mut dyn FnMut(Object),
 ) -> Result<(), ManifestError> {
     let mut ignored = Vec::new();
     let result = decode_all(value, out, &mut ignored);
@@ -592,145 +602,11 @@ fn collect(
     })
 }
 
-/// A JSON value walked whole and built into nothing: what parsing it into a
-/// `serde_json::Value` checks (nesting at most 128 deep, escapes, numbers), without the tree.
-struct Checked;
-
-impl<'de> serde::Deserialize<'de> for Checked {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Checked, D::Error> {
-        d.deserialize_any(CheckedVisitor)
-    }
-}
-
-struct CheckedVisitor;
-
-impl<'de> serde::de::Visitor<'de> for CheckedVisitor {
-    type Value = Checked;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
-        Ok(Checked)
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
-        Ok(Checked)
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
-        Ok(Checked)
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
-        Ok(Checked)
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
-        Ok(Checked)
-    }
-
-    fn visit_unit<E>(self) -> Result<Checked, E> {
-        Ok(Checked)
-    }
-
-    fn visit_none<E>(self) -> Result<Checked, E> {
-        Ok(Checked)
-    }
-
-    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Checked, D::Error> {
-        <Checked as serde::Deserialize>::deserialize(d)
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
-        while seq.next_element::<Checked>()?.is_some() {}
-        Ok(Checked)
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
-        while map.next_entry::<Checked, Checked>()?.is_some() {}
-        Ok(Checked)
-    }
-}
-
-/// What a JSON object says of itself before it is decoded: its type, and a list's items as
-/// text. Anything else in it is skipped over, not built.
-#[derive(serde::Deserialize)]
-struct Head<'a> {
-    #[serde(rename = "apiVersion", borrow, default)]
-    api: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    kind: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    items: Option<Vec<&'a RawValue>>,
-}
-
-/// [`collect`] for one JSON document given as text. A `List` is decoded item by item, each
-/// straight into its type: a 13 MB list of 10k Services and 10k EndpointSlices built 300 MB
-/// of `serde_json::Value` trees when it was decoded whole (heaptrack, the agent's peak), and
-/// glibc kept most of that for the thread afterwards. Whatever this fast path cannot take
-/// as it is (a document that is not an object, a field of the wrong type, an object that
-/// fails to decode) goes the `Value` way, which gives the errors their wording.
-fn collect_raw(raw: &RawValue, path: &Path, out: &mut Vec<Object>) -> Result<(), ManifestError> {
-    // Only an object has a kind: `Head` would also take an array's elements as its fields.
-    let head = match raw.get().starts_with('{') {
-        true => serde_json::from_str::<Head<'_>>(raw.get()).ok(),
-        false => None,
-    };
-    let Some(head) = head else {
-        return collect(value_of(raw, path)?, path, out);
-    };
-    let kind = head.kind.as_deref().unwrap_or_default();
-    if let (true, Some(items)) = (kind.ends_with("List"), &head.items) {
-        for item in items {
-            collect_raw(item, path, out)?;
-        }
-        return Ok(());
-    }
-    let typed = match (head.api.as_deref().unwrap_or_default(), kind) {
-        ("v1", "Service") => typed(raw).map(|s| Object::Service(Box::new(s))),
-        ("discovery.k8s.io/v1", "EndpointSlice") => {
-            typed(raw).map(|s| Object::EndpointSlice(Box::new(s)))
-        }
-        ("v1", "Node") => typed(raw).map(|n| Object::Node(Box::new(n))),
-        ("networking.k8s.io/v1", "ServiceCIDR") => {
-            typed(raw).map(|c| Object::ServiceCidr(Box::new(c)))
-        }
-        // The `Value` way gives it v1's apiVersion.
-        ("networking.k8s.io/v1beta1", "ServiceCIDR") => None,
-        _ if tracing::enabled!(tracing::Level::DEBUG) => None,
-        _ => return Ok(()),
-    };
-    match typed {
-        Some(o) => {
-            out.push(o);
-            Ok(())
-        }
-        None => collect(value_of(raw, path)?, path, out),
-    }
-}
-
-/// `raw` decoded into `T`, or `None` for the `Value` way to say why not.
-fn typed<T: serde::de::DeserializeOwned>(raw: &RawValue) -> Option<T> {
-    serde_json::from_str(raw.get()).ok()
-}
-
-/// `raw` as a tree. Its document was checked as a tree already ([`Checked`]), so this does
-/// not fail; the error is kept for the type's sake.
-fn value_of(raw: &RawValue, path: &Path) -> Result<serde_json::Value, ManifestError> {
-    serde_json::from_str(raw.get()).map_err(|e| ManifestError::Syntax {
-        path: path.to_path_buf(),
-        doc: 1,
-        message: e.to_string(),
-    })
-}
-
 /// Decode one document (an object, a `kind: List` of them, or null) into `out`; objects of
 /// other kinds go to `ignored` as (apiVersion, kind, name).
 fn decode_all(
     mut value: serde_json::Value,
-    out: &mut Vec<Object>,
+    out: &mut dyn FnMut(Object),
     ignored: &mut Vec<(String, String, String)>,
 ) -> Result<(), Undecodable> {
     if value.is_null() {
@@ -779,7 +655,7 @@ fn decode_all(
     };
     match obj {
         Ok(o) => {
-            out.push(o);
+            out(o);
             Ok(())
         }
         Err((field, message)) => Err(Undecodable {
@@ -790,6 +666,8 @@ fn decode_all(
         }),
     }
 }
+
+mod json;
 
 #[cfg(test)]
 mod tests;

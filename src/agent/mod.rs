@@ -151,37 +151,6 @@ async fn run_async(
     )
     .await?;
 
-    let (tx, mut rx) = mpsc::channel::<Arrival>(4096);
-    let source_name = match source {
-        Source::Kube(conn) => {
-            if cfg.client.content_type.contains("protobuf") {
-                tracing::info!(
-                    "clientConnection.contentType {:?}: Switchyard's API client speaks JSON; using JSON",
-                    cfg.client.content_type
-                );
-            }
-            let client = kube_source::client_with(&conn, Some(metrics.client.clone())).await?;
-            start_event::record(client.clone(), &node_name);
-            kube_source::spawn(
-                client,
-                &node_name,
-                conn.streaming_lists,
-                tx,
-                metrics.clone(),
-            );
-            "API server"
-        }
-        Source::Files(path) => {
-            let (events, watcher) = file_source::initial(&path)?;
-            for ev in events {
-                // The channel is fresh and larger than four events.
-                let _ = tx.try_send(Arrival::now(ev));
-            }
-            file_source::spawn(watcher, tx).map_err(AgentError::Runtime)?;
-            "manifest"
-        }
-    };
-
     let (checked_tx, mut checked_rx) = mpsc::channel::<KernelRead>(1);
     tracing::info!("{} mode", cfg.mode.as_str());
     let backend = crate::backends::for_mode(&cfg).map_err(AgentError::Backend)?;
@@ -196,7 +165,7 @@ async fn run_async(
     let mut subscribe = backend.change_notifications();
     let mut commits_rx = watch_changes(None);
     let mut agent = Agent {
-        store: Store::new(cfg.clone(), node_name, Box::new(Interfaces)),
+        store: Store::new(cfg.clone(), node_name.clone(), Box::new(Interfaces)),
         backend,
         canary_interval: cfg.sync_period.min(CANARY_INTERVAL),
         next_canary: None,
@@ -218,6 +187,35 @@ async fn run_async(
         suspect: BTreeSet::new(),
         leftovers: Some(cfg.mode),
     };
+    let (tx, mut rx) = mpsc::channel::<Arrival>(4096);
+    let source_name = match source {
+        Source::Kube(conn) => {
+            if cfg.client.content_type.contains("protobuf") {
+                tracing::info!(
+                    "clientConnection.contentType {:?}: Switchyard's API client speaks JSON; using JSON",
+                    cfg.client.content_type
+                );
+            }
+            let client =
+                kube_source::client_with(&conn, Some(agent.metrics.client.clone())).await?;
+            start_event::record(client.clone(), &node_name);
+            kube_source::spawn(
+                client,
+                &node_name,
+                conn.streaming_lists,
+                tx,
+                agent.metrics.clone(),
+            );
+            "API server"
+        }
+        Source::Files(path) => {
+            // Each object is converted as it is decoded, before the loop runs.
+            let watcher = file_source::initial(&path, &mut |ev| agent.record(Arrival::now(ev)))?;
+            file_source::spawn(watcher, tx).map_err(AgentError::Runtime)?;
+            "manifest"
+        }
+    };
+
     tracing::info!(
         "switchyard agent started: minSyncPeriod {:?}, syncPeriod {:?}; waiting for the initial lists",
         cfg.min_sync_period,

@@ -463,7 +463,7 @@ fn parse_json_as_trees(text: &str, path: &Path) -> Result<Vec<Object>, ManifestE
             doc: i + 1,
             message: e.to_string(),
         })?;
-        collect(value, path, &mut out)?;
+        collect(value, path, &mut |o| out.push(o))?;
     }
     Ok(out)
 }

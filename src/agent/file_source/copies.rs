@@ -1,8 +1,9 @@
 //! Every copy of every object among the manifest files, kept as the files are read, so that a
 //! report works out which copy is in effect for the objects of the files that changed only.
 
-use super::{Id, Known, Objects, Winner};
-use std::collections::BTreeMap;
+use super::{Id, Key, Known, Objects, Winner};
+use crate::agent::store::Kind;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -66,6 +67,21 @@ impl Copies {
                 }
             }
         }
+    }
+
+    /// The keys of the copies not in effect that differ from their object's copy in effect
+    /// (a namespace left out in one and written as `default` in the other), each once.
+    pub(super) fn shadowed(&self) -> BTreeSet<(Kind, Key)> {
+        let mut out = BTreeSet::new();
+        for copies in self.by_id.values() {
+            let Some((winner, earlier)) = copies.split_last() else {
+                continue;
+            };
+            for c in earlier.iter().filter(|c| c.key != winner.key) {
+                out.insert((c.kind, c.key.clone()));
+            }
+        }
+        out
     }
 
     /// The objects changed since the last report, with the copy that was in effect then.
