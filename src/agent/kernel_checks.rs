@@ -65,8 +65,9 @@ pub(super) struct Stepping {
     started: Instant,
     steps: usize,
     longest: Duration,
-    /// How much of the longest step the loop's thread spent waiting for a CPU.
-    longest_waiting: Option<Duration>,
+    /// How much of the longest step the loop's thread spent on a CPU and waiting for one
+    /// (the rest it was blocked, in the kernel).
+    longest_split: Option<ThreadTimes>,
 }
 
 impl Stepping {
@@ -75,21 +76,42 @@ impl Stepping {
             started,
             steps: 0,
             longest: Duration::ZERO,
-            longest_waiting: None,
+            longest_split: None,
         }
     }
 }
 
-/// How long the calling thread has waited for a CPU since it started (the second field of
-/// `/proc/thread-self/schedstat`), when debug logging is on: it tells a long step's own work
-/// from the time the loop's thread was runnable but not running.
-fn waited_for_cpu() -> Option<Duration> {
+/// A thread's time on a CPU and waiting for one.
+#[derive(Debug, Clone, Copy)]
+struct ThreadTimes {
+    on_cpu: Duration,
+    waiting: Duration,
+}
+
+/// The calling thread's [`ThreadTimes`] since it started (the first two fields of
+/// `/proc/thread-self/schedstat`), when debug logging is on: they tell a long step's own
+/// work from the time the loop's thread was runnable but not running, and from the time it
+/// was blocked (neither).
+fn thread_times() -> Option<ThreadTimes> {
     if !tracing::enabled!(tracing::Level::DEBUG) {
         return None;
     }
     let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    let ns = text.split_whitespace().nth(1)?.parse().ok()?;
-    Some(Duration::from_nanos(ns))
+    let mut fields = text.split_whitespace().map(|f| f.parse().ok());
+    let (on_cpu, waiting) = (fields.next()??, fields.next()??);
+    Some(ThreadTimes {
+        on_cpu: Duration::from_nanos(on_cpu),
+        waiting: Duration::from_nanos(waiting),
+    })
+}
+
+impl ThreadTimes {
+    fn since(self, before: ThreadTimes) -> ThreadTimes {
+        ThreadTimes {
+            on_cpu: self.on_cpu.saturating_sub(before.on_cpu),
+            waiting: self.waiting.saturating_sub(before.waiting),
+        }
+    }
 }
 
 impl Agent {
@@ -140,16 +162,16 @@ impl Agent {
             return;
         };
         let backend = &mut self.backend;
-        let waited = waited_for_cpu();
+        let times = thread_times();
         let t = Instant::now();
         let step = tokio::task::block_in_place(|| backend.check_step(CHECK_STEP));
         let took = t.elapsed();
         stepping.steps += 1;
         if took > stepping.longest {
             stepping.longest = took;
-            stepping.longest_waiting = waited
-                .zip(waited_for_cpu())
-                .map(|(before, after)| after.saturating_sub(before));
+            stepping.longest_split = times
+                .zip(thread_times())
+                .map(|(before, after)| after.since(before));
         }
         let check = match step {
             Some(Ok(CheckStep::More)) => return,
@@ -167,12 +189,15 @@ impl Agent {
         let stepping = self.stepping.take().unwrap_or_else(|| Stepping::since(t));
         self.checking = false;
         tracing::debug!(
-            "periodic check: {} steps between syncs, the longest {:?} ({} waiting for a CPU)",
+            "periodic check: {} steps between syncs, the longest {:?} ({})",
             stepping.steps,
             stepping.longest,
             stepping
-                .longest_waiting
-                .map_or("not known how long".to_string(), |w| format!("{w:?}"))
+                .longest_split
+                .map_or("its time on a CPU not known".to_string(), |t| format!(
+                    "{:?} on a CPU, {:?} waiting for one, the rest blocked",
+                    t.on_cpu, t.waiting
+                ))
         );
         if let Some(check) = check {
             self.metrics

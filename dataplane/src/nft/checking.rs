@@ -2,6 +2,7 @@
 //! what we committed and then the lookups of the sets the read left out, both a step at a
 //! time between syncs, so that no sync waits for more than one step.
 
+use super::budget::Budget;
 use super::kernel::{NftExecutor, Unread};
 use super::tables::Ruleset;
 use super::verify::Difference;
@@ -123,6 +124,9 @@ impl<E: NftExecutor> NftBackend<E> {
         let exec = &mut self.exec;
         let mut look_up = |family, set: &str, keys: &[&str]| exec.look_up(family, set, keys);
         let consistent = check.generation.is_some();
+        // A phase ended within the step is a unit of it: the next phase begins only if
+        // one as long still fits (each phase keeps its own count within what is left).
+        let mut phases = Budget::new(budget, started);
         let outcome = loop {
             let left = budget.saturating_sub(started.elapsed());
             match &mut check.phase {
@@ -164,6 +168,9 @@ impl<E: NftExecutor> NftBackend<E> {
                         confirmation: lookups::Confirmation::new(keys),
                         others,
                     };
+                    if !phases.another_fits() {
+                        break Some(Outcome::More);
+                    }
                 }
                 Phase::Confirming {
                     confirmation,
@@ -198,6 +205,9 @@ impl<E: NftExecutor> NftBackend<E> {
                         }));
                     }
                     check.phase = Phase::LookingUp(lookups::Lookups::new(left_out));
+                    if !phases.another_fits() {
+                        break Some(Outcome::More);
+                    }
                 }
                 Phase::LookingUp(lookups) => {
                     break Some(match lookups.step(&applied.ruleset, left, &mut look_up) {

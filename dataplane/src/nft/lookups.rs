@@ -12,6 +12,7 @@
 //! reaches such an element: a front end's slots are numbered below its endpoint count, and
 //! front ends come from the smaller maps, which the check reads whole.
 
+use super::budget::Budget;
 use super::getelem::Found;
 use super::kernel::{NftError, Unread};
 use super::tables::Ruleset;
@@ -68,7 +69,7 @@ impl Lookups {
     ) -> Result<Step, NftError> {
         let started = Instant::now();
         self.steps += 1;
-        let step = self.look_until(committed, budget, started, look_up);
+        let step = self.look_until(committed, Budget::new(budget, started), look_up);
         self.longest = self.longest.max(started.elapsed());
         step
     }
@@ -76,8 +77,7 @@ impl Lookups {
     fn look_until(
         &mut self,
         committed: &Ruleset,
-        budget: Duration,
-        started: Instant,
+        mut budget: Budget,
         look_up: &mut LookUp<'_>,
     ) -> Result<Step, NftError> {
         loop {
@@ -114,7 +114,7 @@ impl Lookups {
                 return Ok(Step::Done(differences));
             }
             self.after = keys.last().map(|k| k.to_string());
-            if started.elapsed() >= budget {
+            if !budget.another_fits() {
                 return Ok(Step::More);
             }
         }
@@ -171,7 +171,7 @@ impl Confirmation {
         budget: Duration,
         look_up: &mut LookUp<'_>,
     ) -> Result<Option<Vec<String>>, NftError> {
-        let started = Instant::now();
+        let mut budget = Budget::starting(budget);
         while let Some((family, set, _)) = self.keys.get(self.at) {
             let (family, set) = (*family, set.clone());
             let batch: Vec<&str> = self.keys[self.at..]
@@ -192,7 +192,7 @@ impl Confirmation {
                     .extend(difference(family, &set, key, ours, theirs));
             }
             self.at += batch.len();
-            if started.elapsed() >= budget {
+            if !budget.another_fits() {
                 return Ok(None);
             }
         }

@@ -3,6 +3,7 @@
 //! and `kernel` (the netlink reads and the commit).
 
 pub mod affinity;
+pub mod budget;
 mod checking;
 pub mod commits;
 pub mod diff;

@@ -4,12 +4,13 @@
 //! other sync for. So the periodic check reads in the background and compares afterwards;
 //! whatever a commit touched while the read ran may show either version, and is left out.
 
+use super::budget::Budget;
 use super::diff::{Op, Transaction};
 use super::tables::{Ruleset, Table};
 use crate::model::IpFamily;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What commits touched since a background read began.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -172,7 +173,7 @@ impl Comparison {
             // wrote is ours; anyone's commit after it starts another check.
             return Some(Vec::new());
         }
-        let started = Instant::now();
+        let mut budget = Budget::starting(budget);
         while let Some(part) = self.parts.get(self.at) {
             let family = match part {
                 Part::Table(f) | Part::Set(f, _) | Part::OtherSets(f) | Part::Chains(f) => *f,
@@ -223,7 +224,7 @@ impl Comparison {
                 self.at += 1;
                 self.after = None;
             }
-            if started.elapsed() >= budget {
+            if !budget.another_fits() {
                 return None;
             }
         }
