@@ -301,13 +301,20 @@ impl Watcher {
         }
     }
 
-    /// Reported objects are the store's now: keep only what identifies them.
-    fn forget_objects(&mut self) {
+    /// The objects of the files read since the last report, moved out: the files keep only
+    /// what identifies them, since the store is about to have the objects. A report took
+    /// copies of the objects it sent and dropped the files' afterwards: two of every object
+    /// of an edited file at its peak (`file_churn` at 100k services in one file: 2.2 GB).
+    fn take_objects(&mut self) -> BTreeMap<Arc<Path>, Vec<Option<Object>>> {
+        let mut taken = BTreeMap::new();
         for e in self.files.values_mut() {
-            if let Ok(Objects::Whole(v)) = &e.parsed {
+            if let Ok(Objects::Whole(v)) = &mut e.parsed {
+                let v = std::mem::take(v);
                 e.parsed = Ok(Objects::Known(v.iter().map(Known::of).collect()));
+                taken.insert(e.path.clone(), v.into_iter().map(Some).collect());
             }
         }
+        taken
     }
 
     /// The events that move the store from what was last reported to what the files hold
@@ -317,6 +324,7 @@ impl Watcher {
             tracing::warn!("{d}");
         }
         let changed = self.copies.reported();
+        let mut objects = self.take_objects();
         let mut events = Vec::new();
         for (id, before) in &changed {
             // Gone, or its copy in effect now carries another key (a namespace left out in
@@ -333,12 +341,12 @@ impl Watcher {
             if !self.to_send(before.as_ref(), w) {
                 continue;
             }
-            let object = match self.files.get(&*w.path).map(|e| &e.parsed) {
-                Some(Ok(Objects::Whole(objects))) => objects.get(w.index),
-                _ => None,
-            };
+            let object = objects
+                .get_mut(&w.path)
+                .and_then(|v| v.get_mut(w.index))
+                .and_then(Option::take);
             match object {
-                Some(o) => events.push(SourceEvent::Apply(o.clone())),
+                Some(o) => events.push(SourceEvent::Apply(o)),
                 // `read_back` read every such file; not reached.
                 None => tracing::warn!(
                     "{}: object {} is in effect but was not kept; it is sent when its file next changes",
@@ -348,7 +356,6 @@ impl Watcher {
             }
         }
         self.touched.clear();
-        self.forget_objects();
         events
     }
 

@@ -211,6 +211,53 @@ fn the_first_read_hands_each_object_on_as_it_is_decoded() {
     );
 }
 
+/// Where an object's box is: the same address for the object itself, another for a copy.
+fn address(o: &Object) -> usize {
+    match o {
+        Object::Service(s) => std::ptr::from_ref(&**s) as usize,
+        Object::EndpointSlice(s) => std::ptr::from_ref(&**s) as usize,
+        Object::Node(n) => std::ptr::from_ref(&**n) as usize,
+        Object::ServiceCidr(c) => std::ptr::from_ref(&**c) as usize,
+    }
+}
+
+/// A report after an edit hands on the objects decoded from the file, not copies of them
+/// (a copy would hold two of every object of an edited file at the peak).
+#[test]
+fn a_report_moves_the_objects_it_sends_rather_than_copying_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fifty_and_a(d);
+    let (_, mut w) = initial(d).unwrap();
+    let many: String = (0..50)
+        .map(|i| svc(&format!("m{i}"), &format!("172.30.2.{i}")))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    write_in_place(&d.join("many.yaml"), &many);
+    let now = Instant::now();
+    assert!(w.refresh(now), "the edit is read");
+    w.pending = true;
+    let decoded: BTreeSet<usize> = w
+        .files
+        .values()
+        .filter_map(|e| match &e.parsed {
+            Ok(Objects::Whole(v)) => Some(v.iter().map(address)),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(decoded.len(), 50);
+    let events = w.poll(now).expect("the edit is reported");
+    let sent: BTreeSet<usize> = events
+        .iter()
+        .filter_map(|e| match e {
+            SourceEvent::Apply(o) => Some(address(o)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, decoded, "the objects sent are not the ones decoded");
+}
+
 #[test]
 fn file_source_reads_a_broken_file_again_only_when_it_changes() {
     let dir = tempfile::tempdir().unwrap();
