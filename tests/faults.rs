@@ -207,9 +207,13 @@ impl<'a> ColdSync<'a> {
         ColdSync { node, cfg, a, b }
     }
 
-    /// `sync --once --full` of A, then every sampled service of `a` must answer.
+    /// `sync --once --full` of A, then every sampled service of `a` must answer. Within a
+    /// minute and a half: in the IPVS guest (emulated, beside the other guests on two
+    /// cores) it replaces up to 1,240 virtual services one netlink message at a time, and
+    /// took over the usual 15 s bound in two runs in a row on one machine.
     fn program_a(&self, a: &std::ops::Range<usize>) {
-        let out = self.node.node.exec(
+        let out = self.node.node.exec_within(
+            Duration::from_secs(90),
             env!("CARGO_BIN_EXE_switchyard"),
             &[
                 "sync",

@@ -54,9 +54,14 @@ impl Drop for Node {
 
 impl Node {
     pub fn exec(&self, program: &str, args: &[&str]) -> netns::CmdOutput {
+        self.exec_within(netns::CMD_TIMEOUT, program, args)
+    }
+
+    /// [`Self::exec`], killed after `timeout` rather than the usual bound.
+    pub fn exec_within(&self, timeout: Duration, program: &str, args: &[&str]) -> netns::CmdOutput {
         let mut all = vec!["netns", "exec", &self.0, program];
         all.extend_from_slice(args);
-        netns::run("ip", &all, None, netns::CMD_TIMEOUT)
+        netns::run("ip", &all, None, timeout)
     }
 }
 
