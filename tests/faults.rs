@@ -209,8 +209,8 @@ impl<'a> ColdSync<'a> {
 
     /// `sync --once --full` of A, then every sampled service of `a` must answer. Within a
     /// minute and a half: in the IPVS guest (emulated, beside the other guests on two
-    /// cores) it replaces up to 1,240 virtual services one netlink message at a time, and
-    /// took over the usual 15 s bound in two runs in a row on one machine.
+    /// cores) it took over the usual 15 s bound in two full test runs in a row on one
+    /// machine.
     fn program_a(&self, a: &std::ops::Range<usize>) {
         let out = self.node.node.exec_within(
             Duration::from_secs(90),
