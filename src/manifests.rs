@@ -308,6 +308,32 @@ pub fn read_file_each(
     cap: u64,
     each: &mut dyn FnMut(Object),
 ) -> Result<Stamp, ManifestError> {
+    read_file_with(found, cap, false, &mut |o, _| each(o))
+}
+
+/// [`read_file_each`], with each object's [`Print`].
+pub fn read_file_printed(
+    found: &Found,
+    cap: u64,
+    each: &mut dyn FnMut(Object, Print),
+) -> Result<Stamp, ManifestError> {
+    read_file_with(found, cap, true, &mut |o, print| {
+        // Asked for, so always there.
+        if let Some(print) = print {
+            each(o, print);
+        }
+    })
+}
+
+/// Where a parser hands each object it decodes, with its print when `printing`.
+type Sink<'a> = &'a mut dyn FnMut(Object, Option<Print>);
+
+fn read_file_with(
+    found: &Found,
+    cap: u64,
+    printing: bool,
+    each: Sink<'_>,
+) -> Result<Stamp, ManifestError> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let path = &found.path;
@@ -353,7 +379,7 @@ pub fn read_file_each(
             "stream did not contain valid UTF-8",
         ))
     })?;
-    parse_each(&text, path, each)?;
+    parse_with(&text, path, printing, each)?;
     Ok(Stamp::of(&md))
 }
 
@@ -388,14 +414,23 @@ pub fn parse_each(
     path: &Path,
     each: &mut dyn FnMut(Object),
 ) -> Result<(), ManifestError> {
+    parse_with(text, path, false, &mut |o, _| each(o))
+}
+
+fn parse_with(
+    text: &str,
+    path: &Path,
+    printing: bool,
+    each: Sink<'_>,
+) -> Result<(), ManifestError> {
     let is_json = path.extension().and_then(|e| e.to_str()) == Some("json")
         || text.trim_start().starts_with('{');
     if is_json {
-        return json::parse(text, path, each);
+        return json::parse(text, path, printing, each);
     }
-    parse_yaml(text, path, yaml_options())?
-        .into_iter()
-        .for_each(each);
+    for (o, print) in parse_yaml(text, path, yaml_options())? {
+        each(o, printing.then_some(print));
+    }
     Ok(())
 }
 
@@ -403,7 +438,7 @@ fn parse_yaml(
     text: &str,
     path: &Path,
     options: serde_saphyr::Options,
-) -> Result<Vec<Object>, ManifestError> {
+) -> Result<Vec<(Object, Print)>, ManifestError> {
     // Each document is decoded as soon as it is parsed (`Decoded::extend`), so a multi-document
     // dump never holds more than one document's tree. A syntax error anywhere in the file wins
     // over a decode error in an earlier document (the parser keeps going after a bad object).
@@ -541,7 +576,8 @@ fn document_at(text: &str, line: usize) -> usize {
 /// error is kept (later documents are parsed but no longer decoded).
 #[derive(Default)]
 struct Decoded {
-    objects: Vec<Object>,
+    /// Each with its print: YAML's text is gone once parsed, so the tree is printed here.
+    objects: Vec<(Object, Print)>,
     /// (apiVersion, kind, name) of objects of kinds we do not read.
     ignored: Vec<(String, String, String)>,
     error: Option<Undecodable>,
@@ -552,7 +588,12 @@ impl Extend<serde_json::Value> for Decoded {
         for doc in docs {
             if self.error.is_none() {
                 let objects = &mut self.objects;
-                if let Err(e) = decode_all(doc, &mut |o| objects.push(o), &mut self.ignored) {
+                let mut each = |o, print: Option<Print>| {
+                    if let Some(print) = print {
+                        objects.push((o, print));
+                    }
+                };
+                if let Err(e) = decode_all(doc, true, &mut each, &mut self.ignored) {
                     self.error = Some(e);
                 }
             }
@@ -586,10 +627,11 @@ struct Undecodable {
 fn collect(
     value: serde_json::Value,
     path: &Path,
-    out: &mut dyn FnMut(Object),
+    printing: bool,
+    out: Sink<'_>,
 ) -> Result<(), ManifestError> {
     let mut ignored = Vec::new();
-    let result = decode_all(value, out, &mut ignored);
+    let result = decode_all(value, printing, out, &mut ignored);
     for (api, kind, name) in &ignored {
         tracing::debug!(file = %path.display(), %api, %kind, %name, "ignoring object of another kind");
     }
@@ -602,11 +644,13 @@ fn collect(
     })
 }
 
-/// Decode one document (an object, a `kind: List` of them, or null) into `out`; objects of
-/// other kinds go to `ignored` as (apiVersion, kind, name).
+/// Decode one document (an object, a `kind: List` of them, or null) into `out`, each object
+/// printed from its tree when `printing`; objects of other kinds go to `ignored` as
+/// (apiVersion, kind, name).
 fn decode_all(
     mut value: serde_json::Value,
-    out: &mut dyn FnMut(Object),
+    printing: bool,
+    out: Sink<'_>,
     ignored: &mut Vec<(String, String, String)>,
 ) -> Result<(), Undecodable> {
     if value.is_null() {
@@ -627,11 +671,12 @@ fn decode_all(
     if kind == "List" || (kind.ends_with("List") && value.get("items").is_some()) {
         if let serde_json::Value::Array(items) = value["items"].take() {
             for item in items {
-                decode_all(item, out, ignored)?;
+                decode_all(item, printing, out, ignored)?;
             }
         }
         return Ok(());
     }
+    let print = printing.then(|| Print::of_tree(&value));
     let obj = match (api.as_str(), kind.as_str()) {
         ("v1", "Service") => decode(value).map(|s| Object::Service(Box::new(s))),
         ("discovery.k8s.io/v1", "EndpointSlice") => {
@@ -655,7 +700,7 @@ fn decode_all(
     };
     match obj {
         Ok(o) => {
-            out(o);
+            out(o, print);
             Ok(())
         }
         Err((field, message)) => Err(Undecodable {
@@ -668,6 +713,8 @@ fn decode_all(
 }
 
 mod json;
+mod print;
+pub use print::Print;
 
 #[cfg(test)]
 mod tests;

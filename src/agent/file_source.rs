@@ -4,17 +4,19 @@
 //! objects come from the last read. The first read streams each kind's complete set, each
 //! object as it is decoded (the agent converts it and drops it); after
 //! that, when anything changed and every file parses, only the difference is reported: the
-//! objects of the files read again or newly winning a duplicate, and the deletions of what is
-//! no longer defined anywhere. So one edited file costs its own parse and the store's work on
-//! its own objects: which copy of each object is in effect is kept as files are read
-//! ([`copies`]), and a report looks only at the objects of the files that changed. A file
+//! objects whose copy in effect is new or was decoded from other text than the store's copy
+//! (each object's [`Print`]), and the deletions of what is no longer defined anywhere. So one
+//! edited file costs its own parse and the store's work on the objects that changed in it:
+//! which copy of each object is in effect is kept as files are read ([`copies`]), a report
+//! looks only at the objects of the files that changed, and an object read again unchanged is
+//! dropped as soon as it is decoded. A file
 //! that fails to parse is reported once and the previous
 //! objects stay in effect; it is read again only when its stamp changes. A file that could not
 //! be read at all (permissions, I/O) is retried with exponential backoff up to [`MAX_BACKOFF`].
 //! The agent's loop never waits for a file: a hung read holds only this thread.
 
 use super::store::{self, Arrival, Kind, ObjectKey, SourceEvent};
-use crate::manifests::{self, ManifestError, Object, Stamp};
+use crate::manifests::{self, ManifestError, Object, Print, Stamp};
 use dataplane::interned::intern;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -48,19 +50,22 @@ type Id = (&'static str, Arc<str>, Arc<str>);
 type Key = (Arc<str>, Arc<str>);
 
 /// What identifies an object once the store has it: the kind and key the store knows it by,
-/// from which its identity among the files follows ([`Known::id`]).
+/// from which its identity among the files follows ([`Known::id`]), and the print of the
+/// text it was decoded from.
 #[derive(Debug, Clone, PartialEq)]
 struct Known {
     kind: Kind,
     key: Key,
+    print: Print,
 }
 
 impl Known {
-    fn of(o: &Object) -> Known {
+    fn of(o: &Object, print: Print) -> Known {
         let (ns, name) = store::object_key(o);
         Known {
             kind: store::kind_of(o),
             key: (intern(&ns), intern(&name)),
+            print,
         }
     }
 
@@ -80,30 +85,33 @@ fn owned_key(key: &Key) -> ObjectKey {
     (key.0.to_string(), key.1.to_string())
 }
 
-/// A file's objects: whole until they are reported, then only what identifies them, since
-/// the store has them (10k services from files kept about 90 MB of whole objects here).
-enum Objects {
-    Whole(Vec<Object>),
-    Known(Vec<Known>),
-}
-
-impl Objects {
-    fn known(&self) -> Box<dyn Iterator<Item = std::borrow::Cow<'_, Known>> + '_> {
-        match self {
-            Objects::Whole(v) => Box::new(v.iter().map(|o| std::borrow::Cow::Owned(Known::of(o)))),
-            Objects::Known(v) => Box::new(v.iter().map(std::borrow::Cow::Borrowed)),
-        }
-    }
+/// A file's objects: what identifies each, in file order, and the decoded objects not yet
+/// reported that may have to be, by their place in the file. Once reported, the store has
+/// them (10k services from files kept about 90 MB of whole objects here); and an object
+/// read again with the text the store's copy was decoded from is not kept at all.
+#[derive(Default)]
+struct Objects {
+    known: Vec<Known>,
+    kept: BTreeMap<usize, Object>,
 }
 
 /// Where the copy of an object that is in effect was read: the file and the object's place
-/// in it, with the kind and key the store knows it by.
+/// in it, with the kind and key the store knows it by and its print.
 #[derive(Debug, Clone, PartialEq)]
 struct Winner {
     path: Arc<Path>,
     index: usize,
     kind: Kind,
     key: Key,
+    print: Print,
+}
+
+impl Winner {
+    /// Whether the store, holding this copy, holds `other` already: the same key, decoded
+    /// from the same text.
+    fn holds(&self, other: &Known) -> bool {
+        self.kind == other.kind && self.key == other.key && self.print == other.print
+    }
 }
 
 /// The manifest path's files as last read, and what has been reported about them.
@@ -127,8 +135,6 @@ pub struct Watcher {
     /// Every copy of every object in the files read, and the objects changed since the
     /// last report.
     copies: Copies,
-    /// Files read again, added or removed since the last report.
-    touched: BTreeSet<PathBuf>,
 }
 
 impl Watcher {
@@ -145,7 +151,6 @@ impl Watcher {
             backoff: POLL,
             reads: 0,
             copies: Copies::default(),
-            touched: BTreeSet::new(),
         }
     }
 
@@ -177,16 +182,15 @@ impl Watcher {
                 prev => {
                     changed = true;
                     self.reads += 1;
-                    self.touched.insert(found.path.clone());
                     if let Some(Entry { parsed: Ok(o), .. }) = &prev {
                         self.copies.remove(&found.path, o);
                     }
-                    let entry = match manifests::read_file(&found, self.cap) {
+                    let entry = match read_keeping(&found, self.cap, Some(&self.copies)) {
                         Ok((stamp, objects)) => Entry {
                             path: found.path.as_path().into(),
                             stamp,
                             named: found.named,
-                            parsed: Ok(Objects::Whole(objects)),
+                            parsed: Ok(objects),
                         },
                         // The listing's stamp: the next poll reads again only if it changes.
                         Err(e) => Entry {
@@ -209,7 +213,6 @@ impl Watcher {
             if let Ok(o) = &gone.parsed {
                 self.copies.remove(&path, o);
             }
-            self.touched.insert(path);
         }
         let unreadable = self
             .files
@@ -233,12 +236,17 @@ impl Watcher {
             .or_else(|| self.files.values().find_map(|e| e.parsed.as_ref().err()))
     }
 
-    /// Whether the copy in effect `w` of an object must be sent: the object is new, or its
-    /// copy in effect moved to another file, or its file was read again; `before` is the copy
-    /// that was in effect at the last report.
-    fn to_send(&self, before: Option<&Winner>, w: &Winner) -> bool {
-        let moved = before.is_none_or(|old| old.path != w.path);
-        moved || self.touched.contains(&*w.path)
+    /// Whether the copy in effect `w` of an object must be sent: the object is new, or the
+    /// copy in effect has another key or was decoded from other text than the copy that was
+    /// in effect at the last report, `before` (wherever either was read).
+    fn to_send(before: Option<&Winner>, w: &Winner) -> bool {
+        before.is_none_or(|old| {
+            !old.holds(&Known {
+                kind: w.kind,
+                key: w.key.clone(),
+                print: w.print,
+            })
+        })
     }
 
     /// Files whose objects must be sent but were reported and not kept (the earlier copy of
@@ -254,12 +262,12 @@ impl Watcher {
                 .iter()
                 .filter_map(|(id, before)| {
                     let w = self.copies.winner(id)?;
-                    self.to_send(before.as_ref(), w).then_some(w)
+                    Self::to_send(before.as_ref(), w).then_some(w)
                 })
                 .filter(|w| {
                     matches!(
                         self.files.get(&*w.path).map(|e| &e.parsed),
-                        Some(Ok(Objects::Known(_)))
+                        Some(Ok(o)) if !o.kept.contains_key(&w.index)
                     )
                 })
                 .map(|w| w.path.to_path_buf())
@@ -278,14 +286,14 @@ impl Watcher {
                     named: entry.named,
                 };
                 self.reads += 1;
-                let read = manifests::read_file(&found, self.cap);
+                let read = read_keeping(&found, self.cap, None);
                 if let Ok(o) = &entry.parsed {
                     self.copies.remove(&path, o);
                 }
                 match read {
                     Ok((stamp, objects)) => {
                         entry.stamp = stamp;
-                        entry.parsed = Ok(Objects::Whole(objects));
+                        entry.parsed = Ok(objects);
                         if let Ok(o) = &entry.parsed {
                             self.copies.add(&entry.path, o);
                         }
@@ -295,31 +303,31 @@ impl Watcher {
                         return None;
                     }
                 }
-                self.touched.insert(path.clone());
                 tried.insert(path);
             }
         }
     }
 
-    /// The objects of the files read since the last report, moved out: the files keep only
-    /// what identifies them, since the store is about to have the objects. A report took
+    /// The objects kept since the last report, moved out: the files keep only what
+    /// identifies them, since the store is about to have the objects. A report took
     /// copies of the objects it sent and dropped the files' afterwards: two of every object
     /// of an edited file at its peak (`file_churn`, 100k services in one file: 2,172 MiB at
     /// the peak, 1,560 MiB with the objects moved).
-    fn take_objects(&mut self) -> BTreeMap<Arc<Path>, Vec<Option<Object>>> {
+    fn take_objects(&mut self) -> BTreeMap<Arc<Path>, BTreeMap<usize, Object>> {
         let mut taken = BTreeMap::new();
         for e in self.files.values_mut() {
-            if let Ok(Objects::Whole(v)) = &mut e.parsed {
-                let v = std::mem::take(v);
-                e.parsed = Ok(Objects::Known(v.iter().map(Known::of).collect()));
-                taken.insert(e.path.clone(), v.into_iter().map(Some).collect());
+            if let Ok(o) = &mut e.parsed {
+                if !o.kept.is_empty() {
+                    taken.insert(e.path.clone(), std::mem::take(&mut o.kept));
+                }
             }
         }
         taken
     }
 
     /// The events that move the store from what was last reported to what the files hold
-    /// now: only the objects of touched files (or whose winning copy moved), and deletions.
+    /// now: the objects whose copy in effect is new or was decoded from other text (only the
+    /// objects of the files read again are looked at), and deletions.
     fn difference(&mut self, twice: Vec<String>) -> Vec<SourceEvent> {
         for d in &twice {
             tracing::warn!("{d}");
@@ -339,13 +347,12 @@ impl Watcher {
             let Some(w) = self.copies.winner(id) else {
                 continue;
             };
-            if !self.to_send(before.as_ref(), w) {
+            if !Self::to_send(before.as_ref(), w) {
                 continue;
             }
             let object = objects
                 .get_mut(&w.path)
-                .and_then(|v| v.get_mut(w.index))
-                .and_then(Option::take);
+                .and_then(|kept| kept.remove(&w.index));
             match object {
                 Some(o) => events.push(SourceEvent::Apply(o)),
                 // `read_back` read every such file; not reached.
@@ -356,7 +363,6 @@ impl Watcher {
                 ),
             }
         }
-        self.touched.clear();
         events
     }
 
@@ -418,12 +424,15 @@ pub fn initial(path: &Path, each: &mut dyn FnMut(SourceEvent)) -> Result<Watcher
     for found in listing.files {
         w.reads += 1;
         let mut known = Vec::new();
-        let stamp = manifests::read_file_each(&found, w.cap, &mut |o| {
-            known.push(Known::of(&o));
+        let stamp = manifests::read_file_printed(&found, w.cap, &mut |o, print| {
+            known.push(Known::of(&o, print));
             each(SourceEvent::Listed(o));
         })?;
         let path: Arc<Path> = found.path.as_path().into();
-        let objects = Objects::Known(known);
+        let objects = Objects {
+            known,
+            kept: BTreeMap::new(),
+        };
         w.copies.add(&path, &objects);
         let entry = Entry {
             path,
@@ -446,6 +455,31 @@ pub fn initial(path: &Path, each: &mut dyn FnMut(SourceEvent)) -> Result<Watcher
     }
     w.copies.reported();
     Ok(w)
+}
+
+/// Read one file, keeping only the objects `reported` does not show the store to hold
+/// already (all of them without `reported`): an object whose copy in effect at the last
+/// report has its key and was decoded from the same text is dropped as soon as it is
+/// decoded. So an edit holds the objects it
+/// changed, not its whole file: an edit of one object in a file of 100k Services and 100k
+/// EndpointSlices peaked at 1,560 MiB keeping them all.
+fn read_keeping(
+    found: &manifests::Found,
+    cap: u64,
+    reported: Option<&Copies>,
+) -> Result<(Stamp, Objects), ManifestError> {
+    let mut objects = Objects::default();
+    let stamp = manifests::read_file_printed(found, cap, &mut |o, print| {
+        let known = Known::of(&o, print);
+        let held = reported
+            .and_then(|r| r.in_store(&known.id()))
+            .is_some_and(|w| w.holds(&known));
+        if !held {
+            objects.kept.insert(objects.known.len(), o);
+        }
+        objects.known.push(known);
+    })?;
+    Ok((stamp, objects))
 }
 
 /// Watch the path from [`initial`] on a thread of its own until the receiver goes away.

@@ -1,15 +1,17 @@
 //! JSON manifests: each document checked whole, then decoded straight into its type, a
 //! `List` item by item, without building a tree of the document.
 
-use super::{collect, ManifestError, Object};
+use super::{collect, ManifestError, Object, Print, Sink};
 use serde_json::value::RawValue;
 use std::path::Path;
 
-/// [`super::parse_each`] for JSON text.
+/// [`super::parse_each`] for JSON text; each object printed from its own text when
+/// `printing`.
 pub(super) fn parse(
     text: &str,
     path: &Path,
-    each: &mut dyn FnMut(Object),
+    printing: bool,
+    each: Sink<'_>,
 ) -> Result<(), ManifestError> {
     // Each document is checked whole first, as parsing it into a tree checked it (the
     // same errors, with their document, line and column): skipping over a list's items
@@ -28,7 +30,7 @@ pub(super) fn parse(
         let raw: &RawValue =
             serde_json::from_str(text.get(start..end).unwrap_or_default()).map_err(syntax)?;
         start = end;
-        collect_raw(raw, path, each)?;
+        collect_raw(raw, path, printing, each)?;
     }
     Ok(())
 }
@@ -116,7 +118,8 @@ struct Head<'a> {
 fn collect_raw(
     raw: &RawValue,
     path: &Path,
-    out: &mut dyn FnMut(Object),
+    printing: bool,
+    out: Sink<'_>,
 ) -> Result<(), ManifestError> {
     // Only an object has a kind: `Head` would also take an array's elements as its fields.
     let head = match raw.get().starts_with('{') {
@@ -124,12 +127,12 @@ fn collect_raw(
         false => None,
     };
     let Some(head) = head else {
-        return collect(value_of(raw, path)?, path, out);
+        return collect(value_of(raw, path)?, path, printing, out);
     };
     let kind = head.kind.as_deref().unwrap_or_default();
     if let (true, Some(items)) = (kind.ends_with("List"), &head.items) {
         for item in items {
-            collect_raw(item, path, out)?;
+            collect_raw(item, path, printing, out)?;
         }
         return Ok(());
     }
@@ -149,10 +152,10 @@ fn collect_raw(
     };
     match typed {
         Some(o) => {
-            out(o);
+            out(o, printing.then(|| Print::of_text(raw.get())));
             Ok(())
         }
-        None => collect(value_of(raw, path)?, path, out),
+        None => collect(value_of(raw, path)?, path, printing, out),
     }
 }
 

@@ -214,7 +214,7 @@ fn ten_thousand_services_parse_within_a_tenth_of_the_limits() {
     let mut m = Manifests::default();
     let mut seen = BTreeMap::new();
     objs.into_iter()
-        .for_each(|o| m.push(o, String::new(), &mut seen));
+        .for_each(|(o, _)| m.push(o, String::new(), &mut seen));
     assert_eq!((m.services.len(), m.slices.len()), (n, n));
     let last = m.slices[n - 1].endpoints.as_deref().unwrap_or_default();
     assert_eq!(last.len(), per);
@@ -463,7 +463,7 @@ fn parse_json_as_trees(text: &str, path: &Path) -> Result<Vec<Object>, ManifestE
             doc: i + 1,
             message: e.to_string(),
         })?;
-        collect(value, path, &mut |o| out.push(o))?;
+        collect(value, path, false, &mut |o, _| out.push(o))?;
     }
     Ok(out)
 }
@@ -560,4 +560,42 @@ fn v1beta1_service_cidrs_are_read_as_v1() {
             other => panic!("{file}: {other:?}"),
         }
     }
+}
+
+/// An object's print follows its text: the same text prints the same wherever it stands (a
+/// list item among other items, a YAML document in another file), and any change to it
+/// prints otherwise.
+#[test]
+fn prints_follow_each_objects_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let prints = |text: &str, name: &str| -> Vec<Print> {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let found = &list(&path).unwrap().files[0];
+        let mut out = Vec::new();
+        read_file_printed(found, MAX_FILE_BYTES, &mut |_, p| out.push(p)).unwrap();
+        out
+    };
+    let item = |name: &str, port: u16| {
+        format!(
+            r#"{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"{name}"}},"spec":{{"ports":[{{"port":{port}}}]}}}}"#
+        )
+    };
+    let items = |items: &[String]| format!(r#"{{"kind":"List","items":[{}]}}"#, items.join(","));
+    let one = prints(&items(&[item("a", 80), item("b", 80)]), "one.json");
+    let two = prints(
+        &items(&[item("a", 80), item("b", 81), item("c", 80)]),
+        "two.json",
+    );
+    assert_eq!(one[0], two[0], "a's text is the same");
+    assert_ne!(one[1], two[1], "b's port changed");
+    assert_ne!(two[0], two[2], "a and c differ in name");
+
+    let yaml = |port: u16| {
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{ name: a }}\nspec: {{ ports: [{{ port: {port} }}] }}\n")
+    };
+    let y1 = prints(&format!("{}---\n{}", yaml(80), yaml(80)), "one.yaml");
+    let y2 = prints(&yaml(81), "two.yaml");
+    assert_eq!(y1[0], y1[1]);
+    assert_ne!(y1[0], y2[0]);
 }

@@ -29,6 +29,14 @@ impl Copies {
             .filter_map(|(id, v)| Some((id, v.last()?)))
     }
 
+    /// The copy of `id` that was in effect at the last report, which the store holds.
+    pub(super) fn in_store(&self, id: &Id) -> Option<&Winner> {
+        match self.changed.get(id) {
+            Some(before) => before.as_ref(),
+            None => self.winner(id),
+        }
+    }
+
     /// Notes what was in effect for `id` before its first change since the last report.
     fn touch(&mut self, id: &Id) {
         if !self.changed.contains_key(id) {
@@ -39,15 +47,16 @@ impl Copies {
 
     /// The objects of the file at `path`, just read.
     pub(super) fn add(&mut self, path: &Arc<Path>, objects: &Objects) {
-        for (index, known) in objects.known().enumerate() {
+        for (index, known) in objects.known.iter().enumerate() {
             let id = known.id();
             self.touch(&id);
-            let Known { kind, key } = known.into_owned();
+            let Known { kind, key, print } = known.clone();
             let copy = Winner {
                 path: path.clone(),
                 index,
                 kind,
                 key,
+                print,
             };
             let copies = self.by_id.entry(id).or_default();
             let at = copies.partition_point(|c| (&*c.path, c.index) < (&**path, index));
@@ -57,7 +66,7 @@ impl Copies {
 
     /// The objects the file at `path` held, before it went or was read again.
     pub(super) fn remove(&mut self, path: &Path, objects: &Objects) {
-        for known in objects.known() {
+        for known in &objects.known {
             let id = known.id();
             self.touch(&id);
             if let Some(copies) = self.by_id.get_mut(&id) {

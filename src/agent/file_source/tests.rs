@@ -22,7 +22,7 @@ fn an_identity_from_the_key_is_the_manifests_identity() {
                 ..Default::default()
             })),
         ] {
-            let (kind, ns, name) = Known::of(&o).id();
+            let (kind, ns, name) = Known::of(&o, Print::of_text("")).id();
             assert_eq!(
                 (kind, ns.to_string(), name.to_string()),
                 manifests::identity(&o),
@@ -206,7 +206,7 @@ fn the_first_read_hands_each_object_on_as_it_is_decoded() {
     assert!(
         w.files
             .values()
-            .all(|e| matches!(e.parsed, Ok(Objects::Known(_)))),
+            .all(|e| matches!(&e.parsed, Ok(o) if o.kept.is_empty())),
         "the files hold decoded objects"
     );
 }
@@ -241,7 +241,7 @@ fn a_report_moves_the_objects_it_sends_rather_than_copying_them() {
         .files
         .values()
         .filter_map(|e| match &e.parsed {
-            Ok(Objects::Whole(v)) => Some(v.iter().map(address)),
+            Ok(o) => Some(o.kept.values().map(address)),
             _ => None,
         })
         .flatten()
@@ -402,7 +402,7 @@ fn file_source_reports_differences_that_equal_a_complete_report() {
     assert!(
         w.files
             .values()
-            .all(|e| matches!(e.parsed, Ok(Objects::Known(_)))),
+            .all(|e| matches!(&e.parsed, Ok(o) if o.kept.is_empty())),
         "reported objects are not kept"
     );
     assert_eq!(view.services(), complete(&w));
@@ -473,7 +473,7 @@ fn winners_by_walking(w: &Watcher) -> BTreeMap<Id, (PathBuf, usize)> {
     let mut out = BTreeMap::new();
     for (path, e) in &w.files {
         if let Ok(objects) = &e.parsed {
-            for (index, known) in objects.known().enumerate() {
+            for (index, known) in objects.known.iter().enumerate() {
                 out.insert(known.id(), (path.clone(), index));
             }
         }
@@ -527,4 +527,105 @@ fn the_copies_kept_agree_with_the_files_through_failures_duplicates_and_removals
     w.poll(t).expect("the repair is reported");
     check(&w, "a.yaml repaired");
     assert!(w.copies.changed().is_empty());
+}
+
+/// An edit of one object among many keeps and sends that object alone, in YAML and in a JSON
+/// list: the others are decoded from the text the store's copies came from, and are dropped
+/// as soon as they are decoded. An object moved to another file unchanged sends nothing.
+#[test]
+fn an_edit_keeps_and_sends_only_the_objects_whose_text_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fifty_and_a(d);
+    let item = |name: &str, ip: &str| {
+        format!(
+            r#"{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"{name}","namespace":"ns"}},"spec":{{"clusterIP":"{ip}","ports":[{{"port":80}}]}}}}"#
+        )
+    };
+    let list = |ips: &[&str]| {
+        let items: Vec<String> = ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| item(&format!("j{i}"), ip))
+            .collect();
+        format!(
+            r#"{{"apiVersion":"v1","kind":"List","items":[{}]}}"#,
+            items.join(",")
+        )
+    };
+    let ips = ["172.30.3.1", "172.30.3.2", "172.30.3.3", "172.30.3.4"];
+    std::fs::write(d.join("j.json"), list(&ips)).unwrap();
+    let (events, mut w) = initial(d).unwrap();
+    let mut view = View::default();
+    view.apply(events);
+    let complete = || {
+        let mut v = View::default();
+        v.apply(initial(d).unwrap().0);
+        v.services()
+    };
+    let t = Instant::now();
+    let kept = |w: &Watcher| -> usize {
+        w.files
+            .values()
+            .filter_map(|e| e.parsed.as_ref().ok())
+            .map(|o| o.kept.len())
+            .sum()
+    };
+    let applied = |events: &[SourceEvent]| -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                SourceEvent::Apply(Object::Service(s)) => s.metadata.name.clone().unwrap(),
+                other => panic!("only applies of Services: {other:?}"),
+            })
+            .collect()
+    };
+
+    // YAML: m7's address changes among fifty.
+    let many: String = (0..50)
+        .map(|i| {
+            let ip = if i == 7 {
+                "172.30.9.7".to_string()
+            } else {
+                format!("172.30.1.{i}")
+            };
+            svc(&format!("m{i}"), &ip)
+        })
+        .collect::<Vec<_>>()
+        .join("---\n");
+    write_in_place(&d.join("many.yaml"), &many);
+    assert!(w.refresh(t));
+    w.pending = true;
+    assert_eq!(kept(&w), 1, "only the changed object is kept");
+    let events = w.poll(t).expect("the edit is reported");
+    assert_eq!(applied(&events), ["m7"]);
+    view.apply(events);
+    assert_eq!(view.services(), complete());
+
+    // A JSON list: j2's address changes.
+    let mut edited = ips;
+    edited[2] = "172.30.9.3";
+    write_in_place(&d.join("j.json"), &list(&edited));
+    assert!(w.refresh(t));
+    w.pending = true;
+    assert_eq!(kept(&w), 1, "only the changed item is kept");
+    let events = w.poll(t).expect("the edit is reported");
+    assert_eq!(applied(&events), ["j2"]);
+    view.apply(events);
+    assert_eq!(view.services(), complete());
+
+    // `a` moves to another file as it was: nothing to apply or delete.
+    std::fs::remove_file(d.join("a.yaml")).unwrap();
+    std::fs::write(d.join("b.yaml"), svc("a", "172.30.0.1")).unwrap();
+    let events = w.poll(t).expect("the move is noticed");
+    assert!(events.is_empty(), "{events:?}");
+    assert_eq!(view.services(), complete());
+
+    // Its text changes in the new file: sent.
+    write_in_place(&d.join("b.yaml"), &svc("a", "172.30.0.100"));
+    let events = w.poll(t).expect("the edit is reported");
+    assert_eq!(applied(&events), ["a"]);
+    view.apply(events);
+    assert_eq!(view.services(), complete());
+    assert_eq!(kept(&w), 0, "reported objects are not kept");
 }
