@@ -106,11 +106,20 @@ struct Winner {
     print: Print,
 }
 
+/// What the store holds of an object, as far as a copy's place in the files does not
+/// matter: its kind and key, and the print of the text it was decoded from. Two copies with
+/// the same content need not both be sent.
+type Content<'a> = (Kind, &'a Key, Print);
+
+impl Known {
+    fn content(&self) -> Content<'_> {
+        (self.kind, &self.key, self.print)
+    }
+}
+
 impl Winner {
-    /// Whether the store, holding this copy, holds `other` already: the same key, decoded
-    /// from the same text.
-    fn holds(&self, other: &Known) -> bool {
-        self.kind == other.kind && self.key == other.key && self.print == other.print
+    fn content(&self) -> Content<'_> {
+        (self.kind, &self.key, self.print)
     }
 }
 
@@ -240,13 +249,7 @@ impl Watcher {
     /// copy in effect has another key or was decoded from other text than the copy that was
     /// in effect at the last report, `before` (wherever either was read).
     fn to_send(before: Option<&Winner>, w: &Winner) -> bool {
-        before.is_none_or(|old| {
-            !old.holds(&Known {
-                kind: w.kind,
-                key: w.key.clone(),
-                print: w.print,
-            })
-        })
+        before.is_none_or(|old| old.content() != w.content())
     }
 
     /// Files whose objects must be sent but were reported and not kept (the earlier copy of
@@ -473,7 +476,7 @@ fn read_keeping(
         let known = Known::of(&o, print);
         let held = reported
             .and_then(|r| r.in_store(&known.id()))
-            .is_some_and(|w| w.holds(&known));
+            .is_some_and(|w| w.content() == known.content());
         if !held {
             objects.kept.insert(objects.known.len(), o);
         }
