@@ -599,3 +599,35 @@ fn prints_follow_each_objects_text() {
     assert_eq!(y1[0], y1[1]);
     assert_ne!(y1[0], y2[0]);
 }
+
+/// A list longer than one thread's chunk is decoded on two threads and handed on in order:
+/// the same objects as the tree gave, and a bad item, in the helper's chunk or in this
+/// thread's, fails the file with the tree's error after exactly the objects before it.
+#[test]
+fn long_json_lists_decode_on_two_threads_in_order() {
+    let list: serde_json::Value =
+        serde_saphyr::from_str(&kubectl_list(600, 2)).expect("the kubectl list parses");
+    let path = Path::new("x.json");
+    let text = list.to_string();
+    let objects = parse(&text, path).unwrap();
+    assert_eq!(objects.len(), 1200);
+    assert_eq!(
+        format!("{objects:?}"),
+        format!("{:?}", parse_json_as_trees(&text, path).unwrap())
+    );
+    // Items 300 and 600: the helper's second chunk of 256 begins at 256, this thread's
+    // third at 512.
+    for bad in [300, 600, 1199] {
+        let mut broken = list.clone();
+        broken["items"][bad]["metadata"]["name"] = serde_json::json!(7);
+        let text = broken.to_string();
+        let mut before = 0;
+        let e = parse_each(&text, path, &mut |_| before += 1).unwrap_err();
+        assert_eq!(before, bad, "objects handed on before item {bad}");
+        assert_eq!(
+            e.to_string(),
+            parse_json_as_trees(&text, path).unwrap_err().to_string()
+        );
+        assert!(e.to_string().contains("field metadata.name"), "{e}");
+    }
+}
