@@ -119,10 +119,13 @@ fn report_skipped(skipped: &Skipped) {
     }
 }
 
+/// The configuration, and the snapshot of the manifests: each object converted as it is
+/// decoded (`snapshot::Builder`).
 fn load(inputs: &Inputs) -> Result<(ProxyConfig, Snapshot), CommandError> {
     let cfg = load_config(inputs.config.as_deref(), &inputs.flags)?;
-    let objs = manifests::load(&inputs.manifests)?;
-    let (snap, skipped) = snapshot::build(&cfg, &objs, &Interfaces);
+    let mut builder = snapshot::Builder::new(&cfg);
+    manifests::load_each(&inputs.manifests, &mut |o, place| builder.push(o, place))?;
+    let (snap, skipped) = builder.finish(&Interfaces);
     report_skipped(&skipped);
     Ok((cfg, snap))
 }

@@ -78,31 +78,51 @@ impl Manifests {
         place: String,
         seen: &mut BTreeMap<Identity, (usize, String)>,
     ) {
-        let id = identity(&o);
-        let index = match &o {
+        let kept = match &o {
             Object::Service(_) => self.services.len(),
             Object::EndpointSlice(_) => self.slices.len(),
             Object::Node(_) => self.nodes.len(),
             Object::ServiceCidr(_) => self.service_cidrs.len(),
         };
-        if let Some((at, earlier)) = seen.get(&id).cloned() {
-            self.duplicates.push(defined_twice(&id, &earlier, &place));
-            seen.insert(id, (at, place));
-            match o {
-                Object::Service(s) => self.services[at] = *s,
-                Object::EndpointSlice(s) => self.slices[at] = *s,
-                Object::Node(n) => self.nodes[at] = *n,
-                Object::ServiceCidr(c) => self.service_cidrs[at] = *c,
-            }
-            return;
-        }
-        seen.insert(id, (index, place));
+        let at = replaces(seen, identity(&o), place, kept, &mut self.duplicates);
         match o {
-            Object::Service(s) => self.services.push(*s),
-            Object::EndpointSlice(s) => self.slices.push(*s),
-            Object::Node(n) => self.nodes.push(*n),
-            Object::ServiceCidr(c) => self.service_cidrs.push(*c),
+            Object::Service(s) => put(&mut self.services, at, *s),
+            Object::EndpointSlice(s) => put(&mut self.slices, at, *s),
+            Object::Node(n) => put(&mut self.nodes, at, *n),
+            Object::ServiceCidr(c) => put(&mut self.service_cidrs, at, *c),
         }
+    }
+}
+
+/// Where an object `id`, read at `place`, goes among the `kept` objects of its kind kept so
+/// far: `Some(at)` when it is defined twice, to replace the earlier copy at `at` whole (a
+/// warning naming both places goes to `duplicates`), `None` to be added after them. `seen`
+/// is where each object is kept and was read.
+pub(crate) fn replaces(
+    seen: &mut BTreeMap<Identity, (usize, String)>,
+    id: Identity,
+    place: String,
+    kept: usize,
+    duplicates: &mut Vec<String>,
+) -> Option<usize> {
+    match seen.get(&id).cloned() {
+        Some((at, earlier)) => {
+            duplicates.push(defined_twice(&id, &earlier, &place));
+            seen.insert(id, (at, place));
+            Some(at)
+        }
+        None => {
+            seen.insert(id, (kept, place));
+            None
+        }
+    }
+}
+
+/// `x` in `v`: at `at` (see [`replaces`]), else after the rest.
+pub(crate) fn put<T>(v: &mut Vec<T>, at: Option<usize>, x: T) {
+    match at.and_then(|at| v.get_mut(at)) {
+        Some(slot) => *slot = x,
+        None => v.push(x),
     }
 }
 
@@ -385,18 +405,27 @@ fn read_file_with(
 
 /// Load every object under `path`; skipped entries are logged as warnings.
 pub fn load(path: &Path) -> Result<Manifests, ManifestError> {
+    let mut m = Manifests::default();
+    let mut seen = BTreeMap::new();
+    load_each(path, &mut |o, place| m.push(o, place, &mut seen))?;
+    Ok(m)
+}
+
+/// [`load`], handing each object to `each` as it is decoded, with where it was read (see
+/// [`place`]), in path and then document order.
+pub fn load_each(path: &Path, each: &mut dyn FnMut(Object, String)) -> Result<(), ManifestError> {
     let listing = list(path)?;
     for msg in &listing.skipped {
         tracing::warn!("{msg}");
     }
-    let mut m = Manifests::default();
-    let mut seen = BTreeMap::new();
     for found in &listing.files {
-        for (i, o) in read_file(found, MAX_FILE_BYTES)?.1.into_iter().enumerate() {
-            m.push(o, place(&found.path, i), &mut seen);
-        }
+        let mut index = 0;
+        read_file_each(found, MAX_FILE_BYTES, &mut |o| {
+            each(o, place(&found.path, index));
+            index += 1;
+        })?;
     }
-    Ok(m)
+    Ok(())
 }
 
 /// Parse one file's text. JSON goes straight to serde_json (large `kubectl -o json` dumps parse

@@ -2,12 +2,17 @@
 //! traffic detection, node-port addresses, services and their merged endpoints.
 
 use crate::config::{DetectLocalMode, ProxyConfig, ProxyMode};
-use crate::convert::{self, Skip};
-use crate::manifests::Manifests;
-use dataplane::model::{IpFamily, LocalDetector, NodeConfig, NodePortAddresses, Snapshot};
+use crate::convert::{self, Skip, SliceEndpoints};
+use crate::manifests::{self, Identity, Manifests, Object};
+use dataplane::model::{
+    IpFamily, LocalDetector, NodeConfig, NodePortAddresses, ServicePort, Snapshot,
+};
 use ipnetwork::IpNetwork;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 /// Label carrying the node's zone.
@@ -192,46 +197,137 @@ pub fn build(
     objs: &Manifests,
     interfaces: &dyn NodeAddressSource,
 ) -> (Snapshot, Skipped) {
-    let mut skipped = Skipped::default();
-    skipped.warnings.extend(objs.duplicates.iter().cloned());
-    let name = node_name(cfg);
-    let node_obj = objs
-        .nodes
-        .iter()
-        .find(|n| n.metadata.name.as_deref() == Some(name.as_str()));
-    let node = node_config(
-        cfg,
-        name,
-        node_obj,
-        &objs.service_cidrs,
-        interfaces,
-        &mut skipped,
-    );
-    let mut snapshot = Snapshot {
-        node,
-        ..Snapshot::default()
+    let parts = Parts {
+        duplicates: objs.duplicates.clone(),
+        services: objs.services.iter().map(|s| service(cfg, s)).collect(),
+        slices: objs.slices.iter().map(slice).collect(),
     };
-    for svc in &objs.services {
-        match convert::service_gated(svc, cfg, &mut skipped.warnings) {
-            Ok(ports) => {
-                for p in ports {
-                    snapshot.services.insert((p.name.clone(), p.family), p);
-                }
-            }
-            Err(s) => skipped.record(s),
-        }
-    }
-    let mut slices = Vec::new();
-    for slice in &objs.slices {
-        match convert::endpoint_slice(slice, &mut skipped.warnings) {
-            Ok(eps) => slices.push(eps),
-            Err(s) => skipped.record(s),
-        }
-    }
-    snapshot.endpoints = convert::merge(&slices).into_iter().collect();
-    // Contested front ends are decided here, once, for every backend.
-    skipped
-        .warnings
-        .extend(dataplane::frontends::resolve_snapshot(&mut snapshot));
-    (snapshot, skipped)
+    parts.assemble(cfg, &objs.nodes, &objs.service_cidrs, interfaces)
 }
+
+/// [`build`] as the objects arrive: each Service and EndpointSlice is converted when it
+/// comes and only what it converts to is kept, so that a 10k-service manifest is never held
+/// decoded whole (`sync --once`).
+pub struct Builder<'a> {
+    cfg: &'a ProxyConfig,
+    seen: BTreeMap<Identity, (usize, String)>,
+    parts: Parts,
+    nodes: Vec<Node>,
+    service_cidrs: Vec<ServiceCIDR>,
+}
+
+impl<'a> Builder<'a> {
+    pub fn new(cfg: &'a ProxyConfig) -> Builder<'a> {
+        Builder {
+            cfg,
+            seen: BTreeMap::new(),
+            parts: Parts::default(),
+            nodes: Vec::new(),
+            service_cidrs: Vec::new(),
+        }
+    }
+
+    /// Add `o`, read at `place`: an object defined twice is replaced whole by its later
+    /// copy, with a warning, as [`Manifests::push`] does.
+    pub fn push(&mut self, o: Object, place: String) {
+        let p = &mut self.parts;
+        let kept = match &o {
+            Object::Service(_) => p.services.len(),
+            Object::EndpointSlice(_) => p.slices.len(),
+            Object::Node(_) => self.nodes.len(),
+            Object::ServiceCidr(_) => self.service_cidrs.len(),
+        };
+        let id = manifests::identity(&o);
+        let at = manifests::replaces(&mut self.seen, id, place, kept, &mut p.duplicates);
+        match o {
+            Object::Service(s) => manifests::put(&mut p.services, at, service(self.cfg, &s)),
+            Object::EndpointSlice(s) => manifests::put(&mut p.slices, at, slice(&s)),
+            Object::Node(n) => manifests::put(&mut self.nodes, at, *n),
+            Object::ServiceCidr(c) => manifests::put(&mut self.service_cidrs, at, *c),
+        }
+    }
+
+    /// The snapshot of everything pushed. `interfaces` is asked only when the Node object
+    /// is missing.
+    pub fn finish(self, interfaces: &dyn NodeAddressSource) -> (Snapshot, Skipped) {
+        self.parts
+            .assemble(self.cfg, &self.nodes, &self.service_cidrs, interfaces)
+    }
+}
+
+/// One object converted, with the warnings its conversion gave.
+struct Converted<T> {
+    result: Result<T, Skip>,
+    warnings: Vec<String>,
+}
+
+fn service(cfg: &ProxyConfig, svc: &Service) -> Converted<Vec<ServicePort>> {
+    let mut warnings = Vec::new();
+    let result = convert::service_gated(svc, cfg, &mut warnings);
+    Converted { result, warnings }
+}
+
+fn slice(slice: &EndpointSlice) -> Converted<SliceEndpoints> {
+    let mut warnings = Vec::new();
+    let result = convert::endpoint_slice(slice, &mut warnings);
+    Converted { result, warnings }
+}
+
+/// The Services and EndpointSlices converted, in the order their objects were first read,
+/// and the warnings about objects defined twice.
+#[derive(Default)]
+struct Parts {
+    duplicates: Vec<String>,
+    services: Vec<Converted<Vec<ServicePort>>>,
+    slices: Vec<Converted<SliceEndpoints>>,
+}
+
+impl Parts {
+    fn assemble(
+        self,
+        cfg: &ProxyConfig,
+        nodes: &[Node],
+        service_cidrs: &[ServiceCIDR],
+        interfaces: &dyn NodeAddressSource,
+    ) -> (Snapshot, Skipped) {
+        let mut skipped = Skipped::default();
+        skipped.warnings.extend(self.duplicates);
+        let name = node_name(cfg);
+        let node_obj = nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name.as_str()));
+        let node = node_config(cfg, name, node_obj, service_cidrs, interfaces, &mut skipped);
+        let mut snapshot = Snapshot {
+            node,
+            ..Snapshot::default()
+        };
+        for c in self.services {
+            skipped.warnings.extend(c.warnings);
+            match c.result {
+                Ok(ports) => {
+                    for p in ports {
+                        snapshot.services.insert((p.name.clone(), p.family), p);
+                    }
+                }
+                Err(s) => skipped.record(s),
+            }
+        }
+        let mut slices = Vec::new();
+        for c in self.slices {
+            skipped.warnings.extend(c.warnings);
+            match c.result {
+                Ok(eps) => slices.push(eps),
+                Err(s) => skipped.record(s),
+            }
+        }
+        snapshot.endpoints = convert::merge(&slices).into_iter().collect();
+        // Contested front ends are decided here, once, for every backend.
+        skipped
+            .warnings
+            .extend(dataplane::frontends::resolve_snapshot(&mut snapshot));
+        (snapshot, skipped)
+    }
+}
+
+#[cfg(test)]
+mod tests;
