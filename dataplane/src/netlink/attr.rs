@@ -37,6 +37,41 @@ impl Attrs<'_> {
     pub fn raw(&mut self, attrs: &[u8]) {
         self.0.extend_from_slice(attrs);
     }
+
+    /// Attribute `kind` whose value `f` appends in place (no value of its own to copy); if
+    /// `f` gives `None`, nothing is left of it.
+    pub fn put_with(
+        &mut self,
+        kind: u16,
+        f: impl FnOnce(&mut Vec<u8>) -> Option<()>,
+    ) -> Option<()> {
+        let at = self.0.len();
+        self.0.extend_from_slice(&[0, 0]);
+        self.0.extend_from_slice(&kind.to_ne_bytes());
+        if f(self.0).is_none() {
+            self.0.truncate(at);
+            return None;
+        }
+        let len = self.0.len() - at;
+        match (u16::try_from(len).ok(), self.0.get_mut(at..at + 2)) {
+            (Some(len), Some(head)) => head.copy_from_slice(&len.to_ne_bytes()),
+            _ => {
+                self.0.truncate(at);
+                return None;
+            }
+        }
+        self.0.resize(at + align(len), 0);
+        Some(())
+    }
+
+    /// [`Attrs::nest`] whose attributes `f` may fail to write: then nothing is left of it.
+    pub fn nest_with(
+        &mut self,
+        kind: u16,
+        f: impl FnOnce(&mut Attrs<'_>) -> Option<()>,
+    ) -> Option<()> {
+        self.put_with(kind | NLA_F_NESTED, |buf| f(&mut Attrs(buf)))
+    }
 }
 
 pub fn push_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {

@@ -21,7 +21,8 @@ use ipnetwork::IpNetwork;
 use set::Declaration;
 use std::collections::BTreeMap;
 
-/// Elements per message, well inside the socket's buffers.
+/// Elements per message (one more when an interval's end would be the next), well inside
+/// the socket's buffers.
 const PER_MESSAGE: usize = 256;
 
 /// Why a transaction could not be written as a batch; nothing was sent.
@@ -151,19 +152,16 @@ impl Writer {
         };
         for (k, v) in items {
             let value = if delete { None } else { v };
-            let e = elements::encode(k, value, shape, &layout, family).ok_or_else(|| {
-                EncodeError::Element {
+            let n = elements::encode_into(&mut pending, k, value, shape, &layout, family)
+                .ok_or_else(|| EncodeError::Element {
                     family: fam,
                     set: set.to_string(),
                     element: k.to_string(),
-                }
-            })?;
-            for payload in e {
-                Attrs(&mut pending).nest(NFTA_LIST_ELEM, |x| x.raw(&payload));
-                count += 1;
-                if count == PER_MESSAGE {
-                    flush(self, &mut pending, &mut count);
-                }
+                })?;
+            // An interval's two halves go in one message: at most one over.
+            count += n;
+            if count >= PER_MESSAGE {
+                flush(self, &mut pending, &mut count);
             }
         }
         flush(self, &mut pending, &mut count);
