@@ -24,6 +24,10 @@ pub fn may_strand(tx: &Transaction) -> bool {
 /// The keys of `remembered` (`client . address . proto . port : endpoint . port`) that
 /// `desired` no longer backs.
 pub fn stale(desired: &Table, remembered: &Elements) -> Vec<String> {
+    // Nothing remembered (a cold sync, clients gone): no index of every backend to build.
+    if remembered.is_empty() {
+        return Vec::new();
+    }
     let mut valid: HashMap<&str, HashSet<&str>> = HashMap::new();
     for map in BACKEND_MAPS {
         let Some(set) = desired.sets.get(map) else {
