@@ -161,7 +161,7 @@ const CHUNK: usize = 256;
 
 /// A list's items, each through [`collect_raw`], on two threads: the chunks of [`CHUNK`]
 /// items go in turn to this thread, which hands each object on as it is decoded, and to a
-/// helper, whose chunks wait decoded (at most two ahead) until their turn. So the objects
+/// helper, whose chunks wait decoded (in a channel of two) until their turn. So the objects
 /// are handed on in the list's order, and on an error, `out` has had those before it, as
 /// decoding in one thread would. Decoding the items of a 10k-service list was a quarter of
 /// `sync --once`'s CPU time (perf); on two threads the command took 444 to 470 ms, against
@@ -181,6 +181,9 @@ fn collect_items(
         let (tx, rx) = std::sync::mpsc::sync_channel::<Decoded>(2);
         let helper = std::thread::Builder::new()
             .name("manifest-items".into())
+            // The stack of the manifest thread that reads files (`file_source::spawn`):
+            // whatever an item's nesting takes there, it takes here too.
+            .stack_size(8 << 20)
             .spawn_scoped(scope, move || {
                 for chunk in items.chunks(CHUNK).skip(1).step_by(2) {
                     let mut objects = Vec::with_capacity(chunk.len());
