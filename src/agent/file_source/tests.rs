@@ -593,26 +593,23 @@ fn an_edit_keeps_and_sends_only_the_objects_whose_text_changed() {
         })
         .collect::<Vec<_>>()
         .join("---\n");
-    write_in_place(&d.join("many.yaml"), &many);
-    assert!(w.refresh(t));
-    w.pending = true;
-    assert_eq!(kept(&w), 1, "only the changed object is kept");
-    let events = w.poll(t).expect("the edit is reported");
-    assert_eq!(applied(&events), ["m7"]);
-    view.apply(events);
-    assert_eq!(view.services(), complete());
+    // One object of `file` changed: it alone is kept, and it alone is sent.
+    let edit = |w: &mut Watcher, view: &mut View, file: &str, text: &str, changed: &str| {
+        write_in_place(&d.join(file), text);
+        assert!(w.refresh(t));
+        w.pending = true;
+        assert_eq!(kept(w), 1, "only the changed object of {file} is kept");
+        let events = w.poll(t).expect("the edit is reported");
+        assert_eq!(applied(&events), [changed]);
+        view.apply(events);
+        assert_eq!(view.services(), complete());
+    };
+    edit(&mut w, &mut view, "many.yaml", &many, "m7");
 
     // A JSON list: j2's address changes.
     let mut edited = ips;
     edited[2] = "172.30.9.3";
-    write_in_place(&d.join("j.json"), &list(&edited));
-    assert!(w.refresh(t));
-    w.pending = true;
-    assert_eq!(kept(&w), 1, "only the changed item is kept");
-    let events = w.poll(t).expect("the edit is reported");
-    assert_eq!(applied(&events), ["j2"]);
-    view.apply(events);
-    assert_eq!(view.services(), complete());
+    edit(&mut w, &mut view, "j.json", &list(&edited), "j2");
 
     // `a` moves to another file as it was: nothing to apply or delete.
     std::fs::remove_file(d.join("a.yaml")).unwrap();
