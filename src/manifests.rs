@@ -457,29 +457,34 @@ fn parse_with(
     if is_json {
         return json::parse(text, path, printing, each);
     }
-    for (o, print) in parse_yaml(text, path, yaml_options())? {
-        each(o, printing.then_some(print));
+    let objects = match printing {
+        true => parse_yaml::<true>(text, path, yaml_options())?,
+        false => parse_yaml::<false>(text, path, yaml_options())?,
+    };
+    for (o, print) in objects {
+        each(o, print);
     }
     Ok(())
 }
 
-fn parse_yaml(
+/// The objects of a YAML file, each with its print when `PRINTING`.
+fn parse_yaml<const PRINTING: bool>(
     text: &str,
     path: &Path,
     options: serde_saphyr::Options,
-) -> Result<Vec<(Object, Print)>, ManifestError> {
+) -> Result<Vec<(Object, Option<Print>)>, ManifestError> {
     // Each document is decoded as soon as it is parsed (`Decoded::extend`), so a multi-document
     // dump never holds more than one document's tree. A syntax error anywhere in the file wins
     // over a decode error in an earlier document (the parser keeps going after a bad object).
-    let decoded: Decoded =
-        serde_saphyr::from_str_multiple_with_options::<serde_json::Value, Decoded>(text, options)
+    let decoded: Decoded<PRINTING> =
+        serde_saphyr::from_str_multiple_with_options::<serde_json::Value, _>(text, options)
             .map_err(|e| ManifestError::Syntax {
-            path: path.to_path_buf(),
-            doc: e.location().map_or(1, |l| {
-                document_at(text, usize::try_from(l.line()).unwrap_or(usize::MAX))
-            }),
-            message: yaml_message(&e),
-        })?;
+                path: path.to_path_buf(),
+                doc: e.location().map_or(1, |l| {
+                    document_at(text, usize::try_from(l.line()).unwrap_or(usize::MAX))
+                }),
+                message: yaml_message(&e),
+            })?;
     for (api, kind, name) in &decoded.ignored {
         tracing::debug!(file = %path.display(), %api, %kind, %name, "ignoring object of another kind");
     }
@@ -604,25 +609,22 @@ fn document_at(text: &str, line: usize) -> usize {
 /// Objects decoded from a YAML stream as the parser delivers each document; the first decode
 /// error is kept (later documents are parsed but no longer decoded).
 #[derive(Default)]
-struct Decoded {
-    /// Each with its print: YAML's text is gone once parsed, so the tree is printed here.
-    objects: Vec<(Object, Print)>,
+struct Decoded<const PRINTING: bool> {
+    /// Each with its print when `PRINTING`: YAML's text is gone once parsed, so the tree is
+    /// printed here.
+    objects: Vec<(Object, Option<Print>)>,
     /// (apiVersion, kind, name) of objects of kinds we do not read.
     ignored: Vec<(String, String, String)>,
     error: Option<Undecodable>,
 }
 
-impl Extend<serde_json::Value> for Decoded {
+impl<const PRINTING: bool> Extend<serde_json::Value> for Decoded<PRINTING> {
     fn extend<I: IntoIterator<Item = serde_json::Value>>(&mut self, docs: I) {
         for doc in docs {
             if self.error.is_none() {
                 let objects = &mut self.objects;
-                let mut each = |o, print: Option<Print>| {
-                    if let Some(print) = print {
-                        objects.push((o, print));
-                    }
-                };
-                if let Err(e) = decode_all(doc, true, &mut each, &mut self.ignored) {
+                let mut each = |o, print| objects.push((o, print));
+                if let Err(e) = decode_all(doc, PRINTING, &mut each, &mut self.ignored) {
                     self.error = Some(e);
                 }
             }
