@@ -5,6 +5,9 @@
 //! else. It asserts what the agent promises: no connection fails except in the moment
 //! between a flush and its repair, each fault is recovered from within a bound (a new
 //! service answers, or the flushed rules are back), and the agent's memory does not climb.
+//! A handshake that conntrack shows DNATed to a serving pod but answered only after the
+//! client's timeout (a SYN delayed or lost past our rules on a loaded machine) is reported
+//! apart and bounded; one that met no rule fails the soak.
 //!
 //! CI runs 3 minutes at 1,000 services and 50 changes per second on the debug build. The
 //! documented run (README, "Reliability") is 30 minutes at 10,000 services on the release
@@ -24,10 +27,11 @@ mod netns;
 mod apiserver;
 
 mod apinode;
-use apinode::{cluster_ip, connect_why, service, slice, until_answers, Agent};
+use apinode::traced::{connect_traced, Failure, Unanswered};
+use apinode::{cluster_ip, service, slice, until_answers, Agent, PODS};
 
 /// When a connection began (seconds into the soak) and what failed, if anything.
-type Connection = (f64, Result<(), String>);
+type Connection = (f64, Result<(), Failure>);
 
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,6 +55,50 @@ fn slope_per_minute(points: &[(f64, f64)]) -> f64 {
     } else {
         sxy / sxx * 60.0
     }
+}
+
+/// The agents' log lines (every `agent-<n>.log` in `dir`) stamped within `around` seconds
+/// of one of the instants `at` (seconds since the UNIX epoch): what the agent did when a
+/// connection failed, which the whole log's tail rarely shows.
+fn log_near(dir: &std::path::Path, at: &[f64], around: f64) -> String {
+    // A line begins "2026-12-07T10:20:14.160553Z": compared by its second of the day.
+    let second_of_day = |line: &str| -> Option<f64> {
+        let clock = line.get(11..)?.split('Z').next()?;
+        let mut parts = clock.split(':');
+        let h: f64 = parts.next()?.parse().ok()?;
+        let m: f64 = parts.next()?.parse().ok()?;
+        let s: f64 = parts.next()?.parse().ok()?;
+        Some(h * 3600.0 + m * 60.0 + s)
+    };
+    let near = |sod: f64| {
+        at.iter().any(|t| {
+            let d = (sod - t.rem_euclid(86_400.0)).abs();
+            d.min(86_400.0 - d) <= around
+        })
+    };
+    let mut logs: Vec<(usize, std::path::PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let n = name
+                .strip_prefix("agent-")?
+                .strip_suffix(".log")?
+                .parse()
+                .ok()?;
+            Some((n, e.path()))
+        })
+        .collect();
+    logs.sort();
+    let mut out = String::new();
+    for (n, path) in logs {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        for line in text.lines().filter(|l| second_of_day(l).is_some_and(near)) {
+            out.push_str(&format!("agent-{n}: {line}\n"));
+        }
+    }
+    out
 }
 
 fn env_or(name: &str, default: u64) -> u64 {
@@ -97,6 +145,11 @@ fn soak_under_churn_kills_outages_and_flushes() {
 
     // Churn and the client run on their own threads for the whole soak.
     let t0 = Instant::now();
+    // The same instant on the clock the agents' log lines carry.
+    let wall0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
     let changes = Arc::new(AtomicU64::new(0));
     let churn = {
         let (api, stop, changes) = (api.clone(), stop.clone(), changes.clone());
@@ -121,7 +174,7 @@ fn soak_under_churn_kills_outages_and_flushes() {
             while !stop.load(Ordering::Relaxed) {
                 let to = cluster_ip((k * 104_729) % services);
                 let at = t0.elapsed().as_secs_f64();
-                let result = connect_why(&ns, to, Duration::from_millis(500));
+                let result = connect_traced(&ns, to, Duration::from_millis(500));
                 outcomes.lock().unwrap().push((at, result));
                 k += 1;
                 std::thread::sleep(Duration::from_millis(5));
@@ -220,10 +273,31 @@ fn soak_under_churn_kills_outages_and_flushes() {
             .iter()
             .any(|(a, b)| t >= *a - 0.6 && t <= *b + 0.6)
     };
-    let failed: Vec<String> = outcomes
+    // Outside the flush windows every connection must be answered. One whose handshake
+    // outlived its timeout is ours to answer for unless conntrack shows our rules DNATed it
+    // to a serving pod and it was answered late (a SYN or its answer delayed or lost past
+    // the rules, as on this loaded 2-core machine); those are counted and bounded apart.
+    let beyond_rules = |r: &Result<(), Failure>| match r {
+        Err(Failure::Unanswered(u)) => u.dnat_to_one_of(&PODS, 8080) && u.answered_after.is_some(),
+        _ => false,
+    };
+    let outside: Vec<&Connection> = outcomes
         .iter()
         .filter(|(t, r)| r.is_err() && !in_flush(*t))
-        .map(|(t, r)| format!("{t:.3} s: {}", r.as_ref().err().map_or("", |e| e.as_str())))
+        .collect();
+    let describe = |c: &&Connection| match &c.1 {
+        Err(e) => format!("{:.3} s: {e}", c.0),
+        Ok(()) => String::new(),
+    };
+    let failed: Vec<String> = outside
+        .iter()
+        .filter(|c| !beyond_rules(&c.1))
+        .map(describe)
+        .collect();
+    let late: Vec<String> = outside
+        .iter()
+        .filter(|c| beyond_rules(&c.1))
+        .map(describe)
         .collect();
     let during_flush = outcomes
         .iter()
@@ -253,6 +327,7 @@ fn soak_under_churn_kills_outages_and_flushes() {
         "changes": changes.load(Ordering::Relaxed),
         "connections": outcomes.len(),
         "failed_outside_flush_windows": failed.len(),
+        "dnat_to_a_pod_but_answered_late": late,
         "failed_during_flush_windows": during_flush,
         "recoveries": recoveries,
         "worst_recovery_s": {"kill": worst("Kill"), "flush": worst("Flush"), "api_outage": worst("ApiOutage")},
@@ -270,12 +345,23 @@ fn soak_under_churn_kills_outages_and_flushes() {
         failed_recoveries.is_empty(),
         "not recovered: {failed_recoveries:?}\n{log}"
     );
+    let failed_at: Vec<f64> = outside
+        .iter()
+        .filter(|c| !beyond_rules(&c.1))
+        .map(|c| wall0 + c.0)
+        .collect();
     assert!(
         failed.is_empty(),
-        "{} of {} connections failed outside the flush windows: {:?}\n{text}\nagent log:\n{log}",
+        "{} of {} connections failed outside the flush windows: {:?}\n{text}\n\
+         the agents' log within 2 s of each:\n{}",
         failed.len(),
         outcomes.len(),
-        &failed[..failed.len().min(20)]
+        &failed[..failed.len().min(20)],
+        log_near(dir, &failed_at, 2.0)
+    );
+    assert!(
+        late.len() * 1000 <= outcomes.len(),
+        "more than one connection in 1,000 was answered late: {text}"
     );
     assert!(
         outcomes.len() > secs as usize * 10,
@@ -292,4 +378,61 @@ fn soak_under_churn_kills_outages_and_flushes() {
     // A climb is what a leak looks like; RSS falling as the allocator returns the cold
     // sync's memory is not (the 30-minute run at 10k measured -15.3 MiB/min there).
     assert!(slope <= 5.0, "memory climbs: {slope:.2} MiB/min\n{text}");
+}
+
+/// The soak's client, on a connection that timed out, asks conntrack what became of it: one
+/// that met no rule keeps the service address as its reply source (a failure of ours); one
+/// DNATed to a serving pod whose answer was held back is named as such, and as answered
+/// late once the SYN's retransmission gets through. No agent runs here; the rules are
+/// written by hand.
+#[test]
+fn a_timed_out_connection_is_named_by_what_conntrack_shows() {
+    let Some(local) = apinode::LocalNode::new("traced", 1) else {
+        return;
+    };
+    let (ns, to) = (local.ns().to_string(), cluster_ip(0));
+    let nft = |script: &str| {
+        let out = local.node.exec("nft", &[script]);
+        assert!(out.success(), "{}", out.transcript());
+    };
+    // A NAT chain with no rule, and a rule that asks conntrack (so that it follows every
+    // flow, as under the agent's rules): nothing is translated.
+    nft(
+        "add table ip t; add chain ip t out { type nat hook output priority -100; }; \
+         add chain ip t seen { type filter hook output priority -10; }; \
+         add rule ip t seen ct state new counter",
+    );
+    let unanswered = |timeout_ms| match connect_traced(&ns, to, Duration::from_millis(timeout_ms)) {
+        Err(Failure::Unanswered(u)) => u,
+        other => panic!("{other:?}"),
+    };
+    let missed: Unanswered = unanswered(200);
+    assert!(!missed.dnat_to_one_of(&PODS, 8080), "{missed:?}");
+    assert_eq!(missed.dnat, Some((to, 80).into()), "{missed:?}");
+    assert!(missed.conntrack.contains("SYN_SENT"), "{missed:?}");
+    assert_eq!(missed.answered_after, None);
+
+    // DNATed to a pod, its SYN-ACK dropped for 700 ms: the retransmission at 1 s is answered.
+    nft(&format!(
+        "add rule ip t out ip daddr {to} tcp dport 80 dnat to {}:8080; \
+         add chain ip t filter {{ type filter hook output priority 0; }}; \
+         add rule ip t filter tcp flags & (syn | ack) == syn | ack drop",
+        PODS[1]
+    ));
+    let lift = std::thread::spawn({
+        let ns = ns.clone();
+        move || {
+            std::thread::sleep(Duration::from_millis(700));
+            let args = ["netns", "exec", &ns, "nft", "flush chain ip t filter"];
+            netns::run("ip", &args, None, netns::CMD_TIMEOUT)
+        }
+    });
+    let late = unanswered(200);
+    let lifted = lift.join().unwrap();
+    assert!(lifted.success(), "{}", lifted.transcript());
+    assert!(late.dnat_to_one_of(&PODS, 8080), "{late:?}");
+    let after = late
+        .answered_after
+        .expect("answered after the retransmission");
+    assert!(after >= Duration::from_millis(700), "{late:?}");
 }

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod traced;
+
 use crate::apiserver;
 use crate::netns;
 use serde_json::{json, Value};
