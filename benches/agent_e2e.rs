@@ -234,10 +234,11 @@ fn main() {
     println!("  sync duration by bucket: {}", spread(&syncs_by_bucket));
     let checks_done = delta("switchyard_kernel_check_duration_seconds_count");
     println!(
-        "  kernel checks: {} by generation, {} after notifications, {} read back, {checks_done} finished (mean {:.2} s, lookups included); drift repairs: {}",
+        "  kernel checks: {} by generation, {} after notifications, {} read back, {} by looking up only what others changed, {checks_done} finished (mean {:.2} s, lookups included); drift repairs: {}",
         delta(r#"switchyard_kernel_checks_total{method="generation"}"#),
         delta(r#"switchyard_kernel_checks_total{method="notification"}"#),
         delta(r#"switchyard_kernel_checks_total{method="read"}"#),
+        delta(r#"switchyard_kernel_checks_total{method="lookup"}"#),
         if checks_done > 0.0 {
             delta("switchyard_kernel_check_duration_seconds_sum") / checks_done
         } else {

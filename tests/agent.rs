@@ -1558,6 +1558,81 @@ fn an_element_deleted_from_a_set_too_large_to_read_back_is_found_by_lookups_and_
     assert!(agent.terminate().success(), "{}", agent.log());
 }
 
+/// Another program adds an element to our cluster-ips set and deletes it in one batch (a
+/// tool that probes, a backup that restores what was there): the check its notification
+/// sets off looks that one element up instead of reading our tables back, finds nothing to
+/// repair, and the kernel is known to hold our state again (the next check is by
+/// generation). When it deletes one of ours, that lookup finds it missing and a full sync
+/// puts it back.
+#[test]
+fn another_programs_element_changes_are_looked_up_not_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.yaml");
+    write_atomically(&cluster, &manifests("10.0.0.1"));
+    let Some(mut agent) = Agent::namespace("touched") else {
+        return;
+    };
+    agent.sync_period = "1h";
+    agent.spawn(dir.path(), &["--manifests".as_ref(), cluster.as_os_str()]);
+    let slot = "172.30.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080";
+    agent.wait_ruleset("the first sync", |rs| rs.contains(slot));
+    std::thread::sleep(Duration::from_millis(500));
+    let nft = |command: &str| {
+        let out = netns::run(
+            "ip",
+            &["netns", "exec", &agent.ns, "nft", command],
+            None,
+            netns::CMD_TIMEOUT,
+        );
+        assert!(out.success(), "{}", out.transcript());
+    };
+    let count = |method: &str| {
+        let (_, text) = agent.get(METRICS, "/metrics");
+        let name = format!("switchyard_kernel_checks_total{{method=\"{method}\"}}");
+        exposition::value(&text, &name).unwrap_or(0.0)
+    };
+    let reads = count("read");
+    nft("add element ip switchyard cluster-ips { 192.0.2.1 }; \
+         delete element ip switchyard cluster-ips { 192.0.2.1 }");
+    let t0 = Instant::now();
+    while count("lookup") < 1.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no check by lookup within 5 s\nagent log:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(count("read"), reads, "{}", agent.log());
+    let (_, text) = agent.get(METRICS, "/metrics");
+    assert_eq!(
+        exposition::value(&text, "switchyard_drift_repairs_total").unwrap_or(0.0),
+        0.0,
+        "{text}"
+    );
+
+    // One of ours deleted: looked up, found missing, put back.
+    nft("delete element ip switchyard backends { 172.30.0.1 . tcp . 80 . 0 }");
+    let deleted = Instant::now();
+    while !agent.ruleset().contains(slot) {
+        assert!(
+            deleted.elapsed() < Duration::from_secs(5),
+            "not repaired within 5 s\nagent log:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.wait_metric("switchyard_drift_repairs_total", 1.0);
+    assert!(count("lookup") >= 2.0, "{}", agent.log());
+    assert_eq!(count("read"), reads, "{}", agent.log());
+    let log = agent.log();
+    assert!(
+        log.contains("element 172.30.0.1 . tcp . 80 . 0 missing"),
+        "the lookup named it\n{log}"
+    );
+    assert!(agent.terminate().success(), "{}", agent.log());
+}
+
 /// The notification listener overflowed: another program commits 30,000 set elements in one
 /// batch while the agent is stopped, which the kernel announces one message each, far more
 /// than the listener's socket holds, so its next read fails with ENOBUFS. It still hears what follows: two firewall

@@ -354,6 +354,13 @@ pub trait Backend {
         false
     }
 
+    /// Whether the check in hand, handed over by [`Backend::finish_check`], looks up only
+    /// the elements others added or deleted (the change listener saw nothing else of
+    /// theirs in our tables) rather than comparing a read.
+    fn checking_by_lookup(&self) -> bool {
+        false
+    }
+
     /// A check's read failed: drop what was kept for it.
     fn abandon_check(&mut self) {}
 

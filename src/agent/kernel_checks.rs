@@ -135,12 +135,20 @@ impl Agent {
                 return;
             }
         };
-        self.metrics
-            .kernel_checks_by
-            .with_label_values(&["read"])
-            .inc();
-        tracing::debug!("periodic check: read back in {:?}", started.elapsed());
         if self.backend.finish_check(read) {
+            let by_lookup = self.backend.checking_by_lookup();
+            let method = if by_lookup { "lookup" } else { "read" };
+            self.metrics
+                .kernel_checks_by
+                .with_label_values(&[method])
+                .inc();
+            if by_lookup {
+                tracing::debug!(
+                    "periodic check: others changed only elements of our sets; looking those up"
+                );
+            } else {
+                tracing::debug!("periodic check: read back in {:?}", started.elapsed());
+            }
             self.checking = true;
             self.stepping = Some(Stepping::since(started));
         } else {

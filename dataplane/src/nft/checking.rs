@@ -3,12 +3,14 @@
 //! time between syncs, so that no sync waits for more than one step.
 
 use super::budget::Budget;
+use super::generations::TouchedKey;
 use super::kernel::{NftExecutor, Unread};
 use super::tables::Ruleset;
 use super::verify::Difference;
 use super::{lookups, too_large, verify, NftBackend};
 use crate::backend::{BackendError, CheckResult, CheckStep, ReadJob, Readback};
 use crate::model::IpFamily;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 /// A check whose read is back.
@@ -18,7 +20,35 @@ pub(super) struct Check {
     kernel: Ruleset,
     /// The generation it was read at, when no commit overlapped the read.
     generation: Option<u32>,
+    /// A check of only the elements others changed since the kernel last held what we
+    /// committed, at this generation ([`Touched`]).
+    since: Option<u32>,
     phase: Phase,
+}
+
+/// What a check's background work brings back instead of a read when the change listener
+/// saw others do nothing to our tables since `held` but add or delete elements of sets the
+/// check can look up: those keys (up to the generation `to`). Looking them up costs a few
+/// requests where a read of 100k services' tables costs a core for seconds.
+#[derive(Debug)]
+struct Touched {
+    held: u32,
+    keys: Vec<TouchedKey>,
+    to: u32,
+}
+
+/// The sets of `committed` whose elements a lookup by key finds (all but interval sets).
+fn lookable(committed: &Ruleset) -> BTreeSet<(IpFamily, String)> {
+    committed
+        .tables
+        .iter()
+        .flat_map(|(f, t)| {
+            t.sets
+                .iter()
+                .filter(|(_, s)| !s.interval())
+                .map(move |(name, _)| (*f, name.clone()))
+        })
+        .collect()
 }
 
 #[derive(Debug)]
@@ -69,39 +99,74 @@ fn unread(kernel: &Ruleset) -> Unread {
 
 impl<E: NftExecutor> NftBackend<E> {
     /// A background read of our tables without the sets too large to read back.
+    /// Unless only elements were changed by others since the kernel last held what we
+    /// committed ([`Touched`], decided on the background thread, once the change listener
+    /// has caught up).
     pub(super) fn begin_check_read(&mut self) -> Option<ReadJob> {
         self.end_check();
-        let unread = too_large(&self.applied.as_ref()?.ruleset, self.read_limit);
+        let applied = self.applied.as_ref()?;
+        let unread = too_large(&applied.ruleset, self.read_limit);
+        let touched = self
+            .held_at
+            .zip(self.exec.touched_since())
+            .map(|(held, since)| (held, since, lookable(&applied.ruleset)));
         let read = self.exec.background_read(unread)?;
         if !self.begin_verify() {
             return None;
         }
         Some(Box::new(move || {
+            if let Some((held, since, sets)) = touched {
+                if let Some((keys, to)) = since(held) {
+                    // Nothing at all: then the agent asks for a read itself (it asks the
+                    // generation first, `kernel_unchanged`).
+                    let lookable = |(f, set, _): &TouchedKey| sets.contains(&(*f, set.to_string()));
+                    if !keys.is_empty() && keys.iter().all(lookable) {
+                        return Ok(Readback(Box::new(Touched { held, keys, to })));
+                    }
+                }
+            }
             read()
                 .map(|r| Readback(Box::new(r)))
                 .map_err(BackendError::from)
         }))
     }
 
-    /// The read is back: compare it in steps.
+    /// The read (or the keys to look up) is back: compare it in steps.
     pub(super) fn finish_check_read(&mut self, read: Readback) -> bool {
-        let Ok(read) = read.0.downcast::<(Ruleset, Option<u32>)>() else {
-            return false;
+        let (kernel, generation, since, phase) = match read.0.downcast::<(Ruleset, Option<u32>)>() {
+            Ok(read) => (read.0, read.1, None, None),
+            Err(other) => {
+                let Ok(t) = other.downcast::<Touched>() else {
+                    return false;
+                };
+                let phase = Phase::Confirming {
+                    confirmation: lookups::Confirmation::new(t.keys),
+                    others: Vec::new(),
+                };
+                (Ruleset::default(), Some(t.to), Some(t.held), Some(phase))
+            }
         };
-        let (kernel, generation) = *read;
         let Some(applied) = self.applied.as_ref().filter(|_| self.verifying.is_some()) else {
             // A failed sync since: the full one that follows repairs anyway.
             drop_elsewhere(kernel);
             self.end_check();
             return false;
         };
-        let comparison = verify::Comparison::new(&kernel, &applied.ruleset);
+        let phase = phase.unwrap_or_else(|| {
+            Phase::Comparing(verify::Comparison::new(&kernel, &applied.ruleset))
+        });
         self.check = Some(Check {
             kernel,
             generation,
-            phase: Phase::Comparing(comparison),
+            since,
+            phase,
         });
         true
+    }
+
+    /// Whether the check in hand only looks up the elements others changed.
+    pub(super) fn checking_by_lookup(&self) -> bool {
+        self.check.as_ref().is_some_and(|c| c.since.is_some())
     }
 
     /// Stop checking: nothing is recorded or kept for it any more.
@@ -127,6 +192,7 @@ impl<E: NftExecutor> NftBackend<E> {
         // A phase ended within the step is a unit of it: the next phase begins only if
         // one as long still fits (each phase keeps its own count within what is left).
         let mut phases = Budget::new(budget, started);
+        let mut verified = None;
         let outcome = loop {
             let left = budget.saturating_sub(started.elapsed());
             match &mut check.phase {
@@ -185,10 +251,20 @@ impl<E: NftExecutor> NftBackend<E> {
                         // Looked up between our commits: nothing of ours was in flight.
                         let mut differences = found;
                         differences.append(others);
+                        if check.since.is_some() {
+                            // The repair reads back what it can; these may lie in a set
+                            // it does not, so it reports drift from here.
+                            self.drift_looked_up = true;
+                        }
                         break Some(Outcome::Done(CheckResult {
                             differences,
                             consistent: true,
                         }));
+                    }
+                    if let (Some(held), Some(to)) = (check.since, check.generation) {
+                        // Each element others changed is as we committed it: their
+                        // commits left our tables as they were.
+                        verified = Some((held, to));
                     }
                     if !others.is_empty() {
                         break Some(Outcome::Done(CheckResult {
@@ -236,6 +312,12 @@ impl<E: NftExecutor> NftBackend<E> {
                 }
             }
         };
+        if let Some((held, to)) = verified {
+            self.exec.verified(held, to);
+            // Moves the generation the kernel is known to hold our state at on to now,
+            // unless someone else changed our tables again meanwhile.
+            self.kernel_unchanged();
+        }
         match outcome {
             Some(Outcome::More) => Some(Ok(CheckStep::More)),
             Some(Outcome::Done(result)) => {

@@ -4,13 +4,15 @@
 //! so that a change to its own tables is looked at at once instead of at the next periodic
 //! check, without polling; changes to other programs' tables (a CNI plugin adding rules per
 //! pod) do not wake it, but the generations they made are noted as leaving ours alone
-//! ([`Generations`]).
+//! ([`Generations`]). A notification that someone else added or deleted elements of our
+//! sets is noted with their keys, which a check then looks up instead of reading back.
 
 use super::generations::Generations;
 use super::tables::TABLE;
 use crate::netlink::{
     attrs, be32, find, Membership, NetlinkError, Socket, NETLINK_NETFILTER, NFNLGRP_NFTABLES,
-    NFNL_SUBSYS_NFTABLES, NFTA_ANY_TABLE, NFTA_GEN_ID, NFT_MSG_NEWGEN,
+    NFNL_SUBSYS_NFTABLES, NFTA_ANY_TABLE, NFTA_GEN_ID, NFT_MSG_DELSETELEM, NFT_MSG_NEWGEN,
+    NFT_MSG_NEWSETELEM,
 };
 use nix::errno::Errno::ENOBUFS;
 use std::sync::Mutex;
@@ -54,7 +56,7 @@ impl Commits {
                                 Some(g) => seen.committed_by(g, m.pid),
                                 None => seen.lost(generation_now()),
                             }
-                        } else if seen.announced(m.pid, names_our_table(m.body)) {
+                        } else if announced(&mut seen, m.kind & 0xff, m.pid, m.body) {
                             n += 1;
                         }
                     }
@@ -93,6 +95,26 @@ pub fn generation_now() -> Option<u32> {
 /// The generation a NEWGEN notification announces.
 fn generation_of(body: &[u8]) -> Option<u32> {
     find(body.get(4..)?, NFTA_GEN_ID).and_then(be32)
+}
+
+/// Notes one notification of an object (`kind`, from the socket with `port`) in `seen`:
+/// the keys of elements someone else added to or deleted from our sets, so that a check
+/// can look those up, or any other change to our table. True when it is someone else's
+/// change to our table.
+fn announced(seen: &mut Generations, kind: u16, port: u32, body: &[u8]) -> bool {
+    if !names_our_table(body) {
+        return seen.announced(port, false);
+    }
+    let elements = matches!(kind, NFT_MSG_NEWSETELEM | NFT_MSG_DELSETELEM)
+        .then(|| super::netlink::notified_elements(body))
+        .flatten();
+    match elements {
+        Some((family, set, keys)) => {
+            let keys = keys.into_iter().map(|k| (family, set.clone(), k)).collect();
+            seen.announced_elements(port, keys)
+        }
+        None => seen.announced(port, true),
+    }
 }
 
 /// Whether a notification's body (nfgenmsg, then attributes) names our table.

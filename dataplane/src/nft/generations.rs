@@ -10,6 +10,21 @@
 //! deleted, each carrying the committing socket's port, then `NFT_MSG_NEWGEN` with the
 //! generation the batch made. Batches do not interleave: all of it is sent under the
 //! commit mutex.
+//!
+//! A batch of someone else's that only added or deleted elements of our sets names each
+//! element in its notifications: those keys are kept with its generation, so that a check
+//! can look up just them instead of reading our tables back ([`Generations::touched_since`]).
+
+use crate::model::IpFamily;
+use std::collections::VecDeque;
+
+/// An element of one of our sets (family, set, key as canonical text) that someone else's
+/// batch added or deleted.
+pub type TouchedKey = (IpFamily, String, String);
+
+/// The most keys kept for checks to look up; beyond them the oldest batches count as
+/// changes of any kind, which a read settles.
+pub const MAX_TOUCHED: usize = 10_000;
 
 /// The generation after `g`: the kernel skips 0 when its counter wraps.
 pub fn next_generation(g: u32) -> u32 {
@@ -46,6 +61,16 @@ pub struct Generations {
     doubtful_up_to: Option<u32>,
     /// When the listener last saw another program's batch end ([`super::pacing`]).
     last_foreign: Option<std::time::Instant>,
+    /// The batch being announced did more to our table than add or delete elements of
+    /// our sets (or the listener cannot tell).
+    open_other: bool,
+    /// The elements of our sets the batch being announced added or deleted, if not ours.
+    open_keys: Vec<TouchedKey>,
+    /// As `run`, but a batch of someone else's that only added or deleted elements of our
+    /// sets continues it; the generations of those batches and their keys are `touched`.
+    loose: Option<(u32, u32)>,
+    touched: VecDeque<(u32, Vec<TouchedKey>)>,
+    touched_keys: usize,
 }
 
 impl Generations {
@@ -60,6 +85,18 @@ impl Generations {
     pub fn announced(&mut self, port: u32, names_our_table: bool) -> bool {
         let theirs = names_our_table && self.own_port != Some(port);
         self.open_changed |= theirs;
+        self.open_other |= theirs;
+        theirs
+    }
+
+    /// A notification that elements of our sets were added or deleted, from the socket
+    /// with `port`; true when it is someone else's change.
+    pub fn announced_elements(&mut self, port: u32, keys: Vec<TouchedKey>) -> bool {
+        let theirs = self.own_port != Some(port);
+        if theirs {
+            self.open_changed = true;
+            self.open_keys.extend(keys);
+        }
         theirs
     }
 
@@ -84,11 +121,72 @@ impl Generations {
             self.doubtful_up_to = None;
         }
         let changed = std::mem::take(&mut self.open_changed) || self.rejoining || doubtful;
-        self.run = Some(match self.run {
-            _ if changed => (generation, generation),
-            Some((from, to)) if next_generation(to) == generation => (from, generation),
-            _ => (previous(generation), generation),
-        });
+        let other = std::mem::take(&mut self.open_other) || self.rejoining || doubtful;
+        let keys = std::mem::take(&mut self.open_keys);
+        self.run = Some(continued(self.run, changed, generation));
+        let follows = self
+            .loose
+            .is_some_and(|(_, to)| next_generation(to) == generation);
+        if other || !follows {
+            self.touched.clear();
+            self.touched_keys = 0;
+        }
+        self.loose = Some(continued(self.loose, other, generation));
+        if changed && !other {
+            self.touched_keys += keys.len();
+            self.touched.push_back((generation, keys));
+            while self.touched_keys > MAX_TOUCHED {
+                // What the oldest batch changed is forgotten: from it on, only a read.
+                let Some((g, k)) = self.touched.pop_front() else {
+                    break;
+                };
+                self.touched_keys -= k.len();
+                self.loose = self.loose.map(|(_, end)| (g, end));
+            }
+        }
+    }
+
+    /// The elements of our sets someone else added or deleted after generation `held`, and
+    /// the last generation seen, when every batch after `held` was seen and was ours, left
+    /// our tables alone or did only that; `None` otherwise.
+    pub fn touched_since(&self, held: u32) -> Option<(Vec<TouchedKey>, u32)> {
+        let (start, end) = self.loose?;
+        let at = |g: u32| g.wrapping_sub(start);
+        if held != end && at(held) > at(end) {
+            return None;
+        }
+        let keys = self
+            .touched
+            .iter()
+            .filter(|(g, _)| at(*g) > at(held) && at(*g) <= at(end))
+            .flat_map(|(_, k)| k.iter().cloned())
+            .collect();
+        Some((keys, end))
+    }
+
+    /// A check looked up every element someone else added or deleted after `held` up to
+    /// `to` ([`Self::touched_since`]) and found each as we committed it: those batches
+    /// count as having left our tables alone.
+    pub fn verified(&mut self, held: u32, to: u32) {
+        let Some((start, end)) = self.loose else {
+            return;
+        };
+        let at = |g: u32| g.wrapping_sub(start);
+        if at(held) > at(to) || at(to) > at(end) {
+            return;
+        }
+        if let Some((from, last)) = self.run {
+            // The run restarted at a batch of theirs no later than `to`: it now goes back
+            // to `held`.
+            if at(from) >= at(held) && at(from) <= at(to) {
+                self.run = Some((held, last));
+            }
+        }
+        while self.touched.front().is_some_and(|(g, _)| at(*g) <= at(to)) {
+            if let Some((_, k)) = self.touched.pop_front() {
+                self.touched_keys -= k.len();
+            }
+        }
     }
 
     /// The listener may have seen only part of what was committed up to `now`, the
@@ -145,6 +243,16 @@ impl Generations {
         };
         let at = |g: u32| g.wrapping_sub(start);
         at(from) <= at(to) && at(to) <= at(end)
+    }
+}
+
+/// `run` with `generation` committed after it: restarted there when the batch `changed`
+/// what the run is about, or when generations went by unseen.
+fn continued(run: Option<(u32, u32)>, changed: bool, generation: u32) -> (u32, u32) {
+    match run {
+        _ if changed => (generation, generation),
+        Some((from, to)) if next_generation(to) == generation => (from, generation),
+        _ => (previous(generation), generation),
     }
 }
 
@@ -262,6 +370,76 @@ mod tests {
         // Wholly after.
         g.committed(44);
         assert!(g.unchanged_between(43, 44));
+    }
+
+    fn key(k: &str) -> TouchedKey {
+        (IpFamily::V4, "cluster-ips".into(), k.into())
+    }
+
+    #[test]
+    fn batches_of_theirs_that_only_touch_elements_name_them_for_lookups() {
+        let mut g = seen();
+        g.committed(60);
+        assert!(g.announced_elements(THEIRS, vec![key("192.0.2.1")]));
+        g.committed(61);
+        assert!(!g.unchanged_between(60, 61));
+        assert_eq!(g.touched_since(60), Some((vec![key("192.0.2.1")], 61)));
+        // Ours (its keys are not kept) and commits elsewhere continue it.
+        assert!(!g.announced_elements(OURS, vec![key("10.96.0.1")]));
+        g.committed(62);
+        assert_eq!(g.touched_since(60), Some((vec![key("192.0.2.1")], 62)));
+        assert_eq!(g.touched_since(61), Some((vec![], 62)));
+        assert_eq!(g.touched_since(58), None, "generation 59 was not seen");
+        // Looked up and found as committed: from 60 on, nothing changed.
+        g.verified(60, 62);
+        assert!(g.unchanged_between(60, 62));
+        assert_eq!(g.touched_since(60), Some((vec![], 62)));
+        // Anything else of theirs to our table starts over.
+        assert!(g.announced(THEIRS, true));
+        g.committed(63);
+        assert_eq!(g.touched_since(62), None);
+        assert_eq!(g.touched_since(63), Some((vec![], 63)));
+        // So does a batch of elements and more.
+        g.announced_elements(THEIRS, vec![key("a")]);
+        g.announced(THEIRS, true);
+        g.committed(64);
+        assert_eq!(g.touched_since(63), None);
+    }
+
+    #[test]
+    fn a_verification_covers_only_the_batches_it_looked_at() {
+        let mut g = seen();
+        g.committed(70);
+        g.announced_elements(THEIRS, vec![key("a")]);
+        g.committed(71);
+        g.announced_elements(THEIRS, vec![key("b")]);
+        g.committed(72);
+        assert_eq!(g.touched_since(70), Some((vec![key("a"), key("b")], 72)));
+        // A check that took the keys up to 71 only.
+        g.verified(70, 71);
+        assert!(!g.unchanged_between(70, 72));
+        assert_eq!(g.touched_since(70), Some((vec![key("b")], 72)));
+        g.verified(70, 72);
+        assert!(g.unchanged_between(70, 72));
+    }
+
+    #[test]
+    fn too_many_keys_leave_the_oldest_batches_to_a_read_and_lost_ones_all() {
+        let mut g = seen();
+        g.committed(80);
+        let many = (0..MAX_TOUCHED).map(|i| key(&i.to_string())).collect();
+        g.announced_elements(THEIRS, many);
+        g.committed(81);
+        assert_eq!(g.touched_since(80).map(|t| t.0.len()), Some(MAX_TOUCHED));
+        g.announced_elements(THEIRS, vec![key("one more")]);
+        g.committed(82);
+        assert_eq!(g.touched_since(80), None);
+        assert_eq!(g.touched_since(81), Some((vec![key("one more")], 82)));
+        // Lost notifications may have named anything.
+        g.lost(Some(83));
+        g.announced_elements(THEIRS, vec![key("c")]);
+        g.committed(83);
+        assert_eq!(g.touched_since(82), None);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use super::diff::{apply, Op, Transaction};
 use super::elements::Elements;
-use super::generations::{next_generation, Generations};
+use super::generations::{next_generation, Generations, TouchedKey};
 use super::listing::{parse_table, ListingError};
 use super::netlink::Reader;
 use super::pacing::Pacer;
@@ -94,6 +94,11 @@ impl From<NftError> for BackendError {
 /// at when no commit overlapped the read.
 pub type BackgroundRead = Box<dyn FnOnce() -> Result<(Ruleset, Option<u32>), NftError> + Send>;
 
+/// For another thread: given the generation at which the kernel last held what we
+/// committed, the elements of our sets someone else added or deleted since, and the last
+/// generation the change listener saw; `None` when anything else may have changed.
+pub type TouchedSince = Box<dyn FnOnce(u32) -> Option<(Vec<TouchedKey>, u32)> + Send>;
+
 /// Sets to read back without their elements.
 pub type Unread = BTreeSet<(IpFamily, String)>;
 
@@ -130,6 +135,14 @@ pub trait NftExecutor {
     fn background_read(&self, _unread: Unread) -> Option<BackgroundRead> {
         None
     }
+    /// What the change listener saw others change in our tables since a generation
+    /// ([`TouchedSince`]); `None` when this executor cannot tell.
+    fn touched_since(&self) -> Option<TouchedSince> {
+        None
+    }
+    /// A check looked up every element [`Self::touched_since`] named after `held` up to
+    /// `to` and found each as we committed it: those commits left our tables as they were.
+    fn verified(&mut self, _held: u32, _to: u32) {}
     /// The elements of our set `set` in `family` with `keys`, looked up one by one rather
     /// than dumped ([`super::getelem::look_up_on`]).
     fn look_up(
@@ -365,6 +378,15 @@ impl NftExecutor for NftKernel {
         lock(&self.seen).unchanged_between(from, to)
     }
 
+    fn touched_since(&self) -> Option<TouchedSince> {
+        let seen = self.seen.clone();
+        Some(Box::new(move |held| lock(&seen).touched_since(held)))
+    }
+
+    fn verified(&mut self, held: u32, to: u32) {
+        lock(&self.seen).verified(held, to);
+    }
+
     fn background_read(&self, unread: Unread) -> Option<BackgroundRead> {
         let kept = self.background.clone();
         let seen = self.seen.clone();
@@ -498,6 +520,15 @@ impl FakeNft {
         self.seen.committed(self.generation);
     }
 
+    /// Someone else adds or deletes elements of our sets (`keys`, as the listener would
+    /// read them from the notifications), and nothing else.
+    pub fn foreign_elements(&mut self, keys: Vec<TouchedKey>, change: impl FnOnce(&mut Ruleset)) {
+        change(&mut self.state);
+        self.generation = next_generation(self.generation);
+        self.seen.announced_elements(u32::MAX, keys);
+        self.seen.committed(self.generation);
+    }
+
     /// Someone else commits to a table of their own.
     pub fn foreign_elsewhere(&mut self) {
         self.generation = next_generation(self.generation);
@@ -554,6 +585,15 @@ impl NftExecutor for FakeNft {
 
     fn unchanged_between(&self, from: u32, to: u32) -> bool {
         self.seen.unchanged_between(from, to)
+    }
+
+    fn touched_since(&self) -> Option<TouchedSince> {
+        let seen = self.seen.clone();
+        Some(Box::new(move |held| seen.touched_since(held)))
+    }
+
+    fn verified(&mut self, held: u32, to: u32) {
+        self.seen.verified(held, to);
     }
 
     fn background_read(&self, unread: Unread) -> Option<BackgroundRead> {

@@ -413,6 +413,10 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
         self.finish_check_read(read)
     }
 
+    fn checking_by_lookup(&self) -> bool {
+        NftBackend::checking_by_lookup(self)
+    }
+
     fn abandon_check(&mut self) {
         self.end_check();
     }
@@ -428,5 +432,7 @@ impl<E: NftExecutor> Backend for NftBackend<E> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod touched_tests;
 #[cfg(test)]
 mod update_tests;

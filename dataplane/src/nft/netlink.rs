@@ -291,6 +291,29 @@ impl Reader {
     }
 }
 
+/// The family, set and keys (canonical text, as [`Reader::elements`] reads them) of a
+/// NEWSETELEM or DELSETELEM notification (`body`: nfgenmsg, then attributes); `None` when
+/// it does not read as elements of a set with a key (a catch-all element, say).
+pub(super) fn notified_elements(body: &[u8]) -> Option<(IpFamily, String, Vec<String>)> {
+    let family = match body.first()? {
+        2 => IpFamily::V4,
+        10 => IpFamily::V6,
+        _ => return None,
+    };
+    let list = body.get(4..)?;
+    let set = text(find(list, NFTA_SET_ELEM_LIST_SET)?);
+    let layout = Fields::of(&set, family);
+    let keys = attrs(find(list, NFTA_SET_ELEM_LIST_ELEMENTS)?)
+        .filter(|a| a.kind == NFTA_LIST_ELEM)
+        .map(|elem| {
+            find(elem.data, NFTA_SET_ELEM_KEY)
+                .and_then(|k| find(k, NFTA_DATA_VALUE))
+                .map(|k| fields_text(k, &layout.key, layout.addr_len))
+        })
+        .collect::<Option<Vec<String>>>()?;
+    Some((family, set, keys))
+}
+
 /// The ruleset generation, asked on `socket`.
 pub fn generation_on(socket: &mut Socket) -> Result<u32, NetlinkError> {
     let request = Request::nfnl(NFNL_SUBSYS_NFTABLES, NFT_MSG_GETGEN, 0, 0, &[]);
@@ -527,6 +550,58 @@ fn interval_elements(raw: Vec<(Vec<u8>, Option<String>, bool)>, family: IpFamily
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A NEWSETELEM notification's body as the kernel sends it: nfgenmsg, then the table,
+    /// the set and the element list.
+    fn notification(family: u8, set: &str, keys: &[Vec<u8>]) -> Vec<u8> {
+        let mut body = vec![family, 0, 0, 0];
+        push_attr(&mut body, NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE));
+        push_attr(&mut body, NFTA_SET_ELEM_LIST_SET, &cstr(set));
+        let mut list = Vec::new();
+        for k in keys {
+            let (mut value, mut key, mut elem) = (Vec::new(), Vec::new(), Vec::new());
+            push_attr(&mut value, NFTA_DATA_VALUE, k);
+            nested(&mut key, NFTA_SET_ELEM_KEY, &value);
+            nested(&mut elem, NFTA_LIST_ELEM, &key);
+            list.extend_from_slice(&elem);
+        }
+        nested(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS, &list);
+        body
+    }
+
+    #[test]
+    fn notified_elements_read_as_the_dump_reads_them() {
+        let mut backend = vec![172, 30, 0, 41, 6, 0, 0, 0, 0, 80, 0, 0];
+        backend.extend_from_slice(&3u32.to_ne_bytes());
+        let body = notification(2, MAP_BACKENDS, &[backend]);
+        assert_eq!(
+            notified_elements(&body),
+            Some((
+                IpFamily::V4,
+                MAP_BACKENDS.to_string(),
+                vec!["172.30.0.41 . tcp . 80 . 3".to_string()]
+            ))
+        );
+        let two = notification(10, SET_CLUSTER_IPS, &[vec![0xfd; 16], vec![0; 16]]);
+        assert_eq!(
+            notified_elements(&two).map(|n| n.2),
+            Some(vec![
+                "fdfd:fdfd:fdfd:fdfd:fdfd:fdfd:fdfd:fdfd".into(),
+                "::".into()
+            ])
+        );
+        // Another family, or an element without a key: not read.
+        assert_eq!(
+            notified_elements(&notification(1, SET_CLUSTER_IPS, &[])).map(|n| n.2),
+            None
+        );
+        let mut keyless = vec![2, 0, 0, 0];
+        push_attr(&mut keyless, NFTA_SET_ELEM_LIST_SET, &cstr(SET_CLUSTER_IPS));
+        let mut elem = Vec::new();
+        nested(&mut elem, NFTA_LIST_ELEM, &[]);
+        nested(&mut keyless, NFTA_SET_ELEM_LIST_ELEMENTS, &elem);
+        assert_eq!(notified_elements(&keyless), None);
+    }
 
     #[test]
     fn concatenations_print_as_nft_does() {

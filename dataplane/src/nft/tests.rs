@@ -33,7 +33,7 @@ fn node() -> NodeConfig {
     }
 }
 
-fn port(ns: &str, name: &str, cip: &str, p: u16) -> ServicePort {
+pub(super) fn port(ns: &str, name: &str, cip: &str, p: u16) -> ServicePort {
     ServicePort::cluster(
         ServicePortName::new(ns, name, "http", Protocol::Tcp),
         ip(cip),
@@ -41,7 +41,7 @@ fn port(ns: &str, name: &str, cip: &str, p: u16) -> ServicePort {
     )
 }
 
-fn snapshot(services: Vec<(ServicePort, Vec<&str>)>) -> Snapshot {
+pub(super) fn snapshot(services: Vec<(ServicePort, Vec<&str>)>) -> Snapshot {
     let mut s = Snapshot {
         node: node(),
         ..Snapshot::default()
@@ -245,7 +245,7 @@ fn drop_services_chain(rs: &mut Ruleset) {
 }
 
 /// The IPv4 backends map of `rs`.
-fn backends_mut(rs: &mut Ruleset) -> &mut super::tables::Set {
+pub(super) fn backends_mut(rs: &mut Ruleset) -> &mut super::tables::Set {
     rs.tables
         .get_mut(&IpFamily::V4)
         .unwrap()
@@ -541,7 +541,7 @@ fn compare(be: &mut NftBackend<FakeNft>, read: Ruleset, generation: Option<u32>)
     steps(be)
 }
 
-fn steps(be: &mut NftBackend<FakeNft>) -> Vec<String> {
+pub(super) fn steps(be: &mut NftBackend<FakeNft>) -> Vec<String> {
     for _ in 0..10_000 {
         match be.check_step(std::time::Duration::ZERO) {
             Some(Ok(CheckStep::More)) => continue,
@@ -552,7 +552,7 @@ fn steps(be: &mut NftBackend<FakeNft>) -> Vec<String> {
     panic!("the lookups never end");
 }
 
-fn first_backend(be: &NftBackend<FakeNft>) -> (String, Option<String>) {
+pub(super) fn first_backend(be: &NftBackend<FakeNft>) -> (String, Option<String>) {
     let (k, v) = be.exec.state.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS]
         .elements
         .iter()
