@@ -5,6 +5,7 @@
 use super::budget::Budget;
 use super::generations::TouchedKey;
 use super::kernel::{NftExecutor, Unread};
+use super::skeleton::MAP_AFFINITY;
 use super::tables::Ruleset;
 use super::verify::Difference;
 use super::{lookups, too_large, verify, NftBackend};
@@ -37,7 +38,8 @@ struct Touched {
     to: u32,
 }
 
-/// The sets of `committed` whose elements a lookup by key finds (all but interval sets).
+/// The sets of `committed` whose elements a lookup by key finds (all but interval sets), and
+/// that a read compares (not the affinity map, which the packet path fills).
 fn lookable(committed: &Ruleset) -> BTreeSet<(IpFamily, String)> {
     committed
         .tables
@@ -45,7 +47,7 @@ fn lookable(committed: &Ruleset) -> BTreeSet<(IpFamily, String)> {
         .flat_map(|(f, t)| {
             t.sets
                 .iter()
-                .filter(|(_, s)| !s.interval())
+                .filter(|(name, s)| !s.interval() && name.as_str() != MAP_AFFINITY)
                 .map(move |(name, _)| (*f, name.clone()))
         })
         .collect()

@@ -95,7 +95,13 @@ impl Generations {
         let theirs = self.own_port != Some(port);
         if theirs {
             self.open_changed = true;
-            self.open_keys.extend(keys);
+            if self.open_keys.len() + keys.len() > MAX_TOUCHED {
+                // A flush of a large map, say: a read settles it, and the keys are not kept.
+                self.open_other = true;
+                self.open_keys = Vec::new();
+            } else if !self.open_other {
+                self.open_keys.extend(keys);
+            }
         }
         theirs
     }
@@ -150,6 +156,9 @@ impl Generations {
     /// the last generation seen, when every batch after `held` was seen and was ours, left
     /// our tables alone or did only that; `None` otherwise.
     pub fn touched_since(&self, held: u32) -> Option<(Vec<TouchedKey>, u32)> {
+        if self.rejoining || self.doubtful_up_to.is_some() {
+            return None;
+        }
         let (start, end) = self.loose?;
         let at = |g: u32| g.wrapping_sub(start);
         if held != end && at(held) > at(end) {
@@ -194,6 +203,7 @@ impl Generations {
     /// were lost): each of those batches counts as a change. Without `now`, every batch
     /// does until [`Self::back_at`].
     pub fn partly_seen_through(&mut self, now: Option<u32>) {
+        self.forget_touched();
         match now {
             Some(g) => self.doubt_through(g),
             None => {
@@ -214,6 +224,14 @@ impl Generations {
     /// The listener leaves the group while a commit of ours runs.
     pub fn leaving(&mut self) {
         self.rejoining = true;
+        self.forget_touched();
+    }
+
+    /// What was missed may have changed anything: no batch so far is vouched for by keys.
+    fn forget_touched(&mut self) {
+        self.loose = None;
+        self.touched.clear();
+        self.touched_keys = 0;
     }
 
     /// The kernel was at `generation` after the listener was back in the group: whatever
@@ -440,6 +458,43 @@ mod tests {
         g.announced_elements(THEIRS, vec![key("c")]);
         g.committed(83);
         assert_eq!(g.touched_since(82), None);
+    }
+
+    #[test]
+    fn what_the_listener_may_have_missed_is_never_vouched_for_by_keys() {
+        for miss in [
+            Generations::leaving as fn(&mut Generations),
+            |g| g.lost(Some(92)),
+            |g| g.lost(None),
+            |g| g.partly_seen_through(Some(92)),
+        ] {
+            let mut g = seen();
+            g.committed(90);
+            g.announced_elements(THEIRS, vec![key("a")]);
+            g.committed(91);
+            assert_eq!(g.touched_since(90), Some((vec![key("a")], 91)));
+            // Until the next batch's end is seen, and after it, nothing from before counts.
+            miss(&mut g);
+            assert_eq!(g.touched_since(90), None);
+            assert_eq!(g.touched_since(91), None);
+            g.back_at(92);
+            g.committed(92);
+            assert_eq!(g.touched_since(90), None);
+        }
+    }
+
+    #[test]
+    fn a_batch_naming_more_keys_than_are_kept_is_a_change_of_any_kind() {
+        let mut g = seen();
+        g.committed(100);
+        for chunk in 0..=MAX_TOUCHED / 1000 {
+            let keys = (0..1000).map(|i| key(&format!("{chunk}.{i}"))).collect();
+            g.announced_elements(THEIRS, keys);
+        }
+        assert!(g.open_keys.is_empty(), "not held past the cap");
+        g.committed(101);
+        assert_eq!(g.touched_since(100), None);
+        assert_eq!(g.touched_since(101), Some((vec![], 101)));
     }
 
     #[test]

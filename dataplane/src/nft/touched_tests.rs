@@ -3,7 +3,7 @@
 
 use super::generations::TouchedKey;
 use super::kernel::FakeNft;
-use super::skeleton::{MAP_BACKENDS, SET_CLUSTER_IPS, SET_SERVICE_CIDRS};
+use super::skeleton::{MAP_AFFINITY, MAP_BACKENDS, SET_CLUSTER_IPS, SET_SERVICE_CIDRS};
 use super::tests::{backends_mut, first_backend, port, snapshot, steps};
 use super::NftBackend;
 use crate::backend::{Backend, Scope};
@@ -87,6 +87,12 @@ fn elements_a_lookup_cannot_settle_and_any_other_change_are_read_back() {
     // An interval set's elements are ranges, which lookups by key do not find.
     be.exec
         .foreign_elements(vec![key(SET_SERVICE_CIDRS, "192.0.2.0/24")], |_| {});
+    assert_eq!(check(&mut be), (false, 0, vec![]));
+    // The affinity map, which the packet path fills and a read leaves out.
+    be.exec.foreign_elements(
+        vec![key(MAP_AFFINITY, "10.1.1.1 . 172.30.0.1 . tcp . 80")],
+        |_| {},
+    );
     assert_eq!(check(&mut be), (false, 0, vec![]));
     // A set we do not have.
     be.exec
