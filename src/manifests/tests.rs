@@ -1,3 +1,4 @@
+use super::yaml::document_at;
 use super::*;
 
 /// A Service in two files is not merged port by port: the later file's copy wins whole,
@@ -630,4 +631,84 @@ fn long_json_lists_decode_on_two_threads_in_order() {
         );
         assert!(e.to_string().contains("field metadata.name"), "{e}");
     }
+}
+
+/// YAML decoded as before `yaml::Doc`: every document parsed into a tree, then each tree
+/// decoded (a syntax error anywhere wins over a decode error).
+fn parse_yaml_as_trees(text: &str, path: &Path) -> Result<Vec<Object>, ManifestError> {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_str_multiple_with_options(text, yaml_options()).map_err(|e| {
+            ManifestError::Syntax {
+                path: path.to_path_buf(),
+                doc: e.location().map_or(1, |l| {
+                    document_at(text, usize::try_from(l.line()).unwrap_or(usize::MAX))
+                }),
+                message: e.to_string(),
+            }
+        })?;
+    let mut out = Vec::new();
+    for doc in docs {
+        collect(doc, path, false, &mut |o, _| out.push(o))?;
+    }
+    Ok(out)
+}
+
+/// A YAML list's items decoded as the parser reaches each give what decoding its document
+/// whole gave: the same objects in the same order, the same errors, whatever the document.
+#[test]
+fn yaml_lists_decode_item_by_item_as_whole_documents_did() {
+    let node = "{apiVersion: v1, kind: Node, metadata: {name: n1}}";
+    let cidr = "{apiVersion: networking.k8s.io/v1, kind: ServiceCIDR, metadata: {name: c}, spec: {cidrs: [10.96.0.0/16]}}";
+    let svc = |spec: &str| {
+        format!(
+            "{{apiVersion: v1, kind: Service, metadata: {{name: a, namespace: ns}}, spec: {spec}}}"
+        )
+    };
+    let bad = svc("{ports: [{port: x}]}");
+    let good = svc("{clusterIP: 10.96.0.1, ports: [{port: 80}]}");
+    let inputs = [
+        kubectl_list(20, 3),
+        format!("{}---\n{node}\n---\nnull\n---\n{cidr}\n", kubectl_list(2, 1)),
+        // Items before kind, as kubectl prints them; a nested list; an unknown kind.
+        format!("items:\n- {node}\n- {{kind: List, apiVersion: v1, items: [{cidr}]}}\n- {{apiVersion: v1, kind: ConfigMap}}\nkind: List\napiVersion: v1\n"),
+        format!("kind: ServiceList\nitems:\n- {good}\n- {node}\n"),
+        // Bad items, first and later; the items after a bad one.
+        format!("kind: List\nitems:\n- {bad}\n- {node}\n"),
+        format!("items:\n- {node}\n- {bad}\n- {cidr}\nkind: List\n"),
+        // Not a list: its items are no object's, bad or not.
+        format!("{}\n", good.replacen('{', &format!("{{items: [{bad}], "), 1)),
+        format!("kind: ConfigMap\nitems:\n- {node}\n"),
+        // Items that are not a sequence.
+        format!("kind: List\nitems: {node}\n"),
+        "kind: ServiceList\nitems: null\n".to_string(),
+        "kind: ServiceList\nitems: 12345678901234567890123\n".to_string(),
+        "kind: ServiceList\n".to_string(),
+        // Documents that are no mapping.
+        "[1, 2]\n".to_string(),
+        "7\n".to_string(),
+        format!("- null\n- List\n- [{node}]\n"),
+        // Anchors and merge keys across items.
+        format!("kind: List\nitems:\n- &n {node}\n- *n\n- {{<<: *n, metadata: {{name: n2}}}}\n"),
+        // A key twice.
+        format!("kind: List\nkind: List\nitems: [{node}]\n"),
+        // A bad object before a syntax error, and a syntax error inside the items.
+        format!("{bad}\n---\nkind: List\nitems: [\n"),
+        format!("kind: List\nitems:\n- {node}\n- {{kind: ]\n"),
+    ];
+    for text in &inputs {
+        let path = Path::new("x.yaml");
+        let fmt = |r: Result<Vec<Object>, ManifestError>| match r {
+            Ok(objects) => format!("{objects:?}"),
+            Err(e) => format!("error: {e}"),
+        };
+        let streamed = parse_yaml::<false>(text, path, yaml_options())
+            .map(|objects| objects.into_iter().map(|(o, _)| o).collect());
+        assert_eq!(
+            fmt(streamed),
+            fmt(parse_yaml_as_trees(text, path)),
+            "{text}"
+        );
+    }
+    let objects = parse(&inputs[0], Path::new("x.yaml")).unwrap();
+    assert_eq!(objects.len(), 40, "20 Services and their slices");
 }
