@@ -344,6 +344,7 @@ fn alias_bombs_and_deep_nesting_stop_at_the_limits() {
     assert!(e.contains("over the limits for manifest files"), "{e}");
     // The deepest input accepted fits the 2 MiB stack of a tokio worker (the agent's
     // manifest watcher runs on one), in a debug build.
+    // So does the deepest list item, decoded (and printed) inside the list's own visitors.
     std::thread::Builder::new()
         .stack_size(2 << 20)
         .spawn(move || {
@@ -352,6 +353,9 @@ fn alias_bombs_and_deep_nesting_stop_at_the_limits() {
                 Path::new("d.yaml"),
             )
             .unwrap();
+            let item = format!("kind: List\nitems:\n- {{kind: X, v: {}}}\n", nested(61));
+            let path = Path::new("d.yaml");
+            parse_yaml::<true>(&item, path, yaml_options()).unwrap();
         })
         .unwrap()
         .join()
@@ -687,6 +691,9 @@ fn yaml_lists_decode_item_by_item_as_whole_documents_did() {
         "[1, 2]\n".to_string(),
         "7\n".to_string(),
         format!("- null\n- List\n- [{node}]\n"),
+        // Keys a tree refuses, in a document that is no mapping.
+        "- {~: 1}\n".to_string(),
+        "- {? [a]: b}\n".to_string(),
         // Anchors and merge keys across items.
         format!("kind: List\nitems:\n- &n {node}\n- *n\n- {{<<: *n, metadata: {{name: n2}}}}\n"),
         // A key twice.

@@ -4,7 +4,7 @@
 //! whole cluster) never stands in memory as one tree.
 
 use super::{decode_all, ManifestError, Object, Print, Undecodable};
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use std::fmt;
 use std::path::Path;
@@ -264,7 +264,9 @@ impl<'de, const PRINTING: bool> Visitor<'de> for DocVisitor<PRINTING> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        // Read as trees, not skipped: the parser refuses in a tree what skipping would let
+        // by (a null or a sequence as a key), as the whole document's tree did.
+        while seq.next_element::<Value>()?.is_some() {}
         Ok(Doc::Other)
     }
 

@@ -118,18 +118,18 @@ pub fn connect_traced(ns: &str, to: Ipv4Addr, timeout: Duration) -> Result<(), F
     }
 }
 
-/// Waits (until `limit` from `t0`) for a connect in flight to complete.
+/// Waits (until `limit` from `t0`) for a connect in flight to complete; looks at least
+/// once, however long asking conntrack took.
 fn answered_within(socket: &Socket, t0: Instant, limit: Duration) -> Option<Duration> {
-    while t0.elapsed() < limit {
+    loop {
         if socket.peer_addr().is_ok() {
             return Some(t0.elapsed());
         }
-        if matches!(socket.take_error(), Ok(Some(_))) {
+        if matches!(socket.take_error(), Ok(Some(_))) || t0.elapsed() >= limit {
             return None;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    None
 }
 
 /// The conntrack entry of the TCP flow from `port` to `to`:80, as `conntrack -L` lists it.
