@@ -285,20 +285,20 @@ fn soak_under_churn_kills_outages_and_flushes() {
         .iter()
         .filter(|(t, r)| r.is_err() && !in_flush(*t))
         .collect();
-    let describe = |c: &&Connection| match &c.1 {
-        Err(e) => format!("{:.3} s: {e}", c.0),
-        Ok(()) => String::new(),
+    let (late, failed): (Vec<&Connection>, Vec<&Connection>) =
+        outside.into_iter().partition(|c| beyond_rules(&c.1));
+    let describe = |cs: &[&Connection]| -> Vec<String> {
+        cs.iter()
+            .map(|c| match &c.1 {
+                Err(e) => format!("{:.3} s: {e}", c.0),
+                Ok(()) => String::new(),
+            })
+            .collect()
     };
-    let failed: Vec<String> = outside
-        .iter()
-        .filter(|c| !beyond_rules(&c.1))
-        .map(describe)
-        .collect();
-    let late: Vec<String> = outside
-        .iter()
-        .filter(|c| beyond_rules(&c.1))
-        .map(describe)
-        .collect();
+    // When each happened, on the clock of the agents' log lines.
+    let wall = |cs: &[&Connection]| -> Vec<f64> { cs.iter().map(|c| wall0 + c.0).collect() };
+    let (failed_at, late_at) = (wall(&failed), wall(&late));
+    let (failed, late) = (describe(&failed), describe(&late));
     let during_flush = outcomes
         .iter()
         .filter(|(t, r)| r.is_err() && in_flush(*t))
@@ -345,11 +345,6 @@ fn soak_under_churn_kills_outages_and_flushes() {
         failed_recoveries.is_empty(),
         "not recovered: {failed_recoveries:?}\n{log}"
     );
-    let failed_at: Vec<f64> = outside
-        .iter()
-        .filter(|c| !beyond_rules(&c.1))
-        .map(|c| wall0 + c.0)
-        .collect();
     assert!(
         failed.is_empty(),
         "{} of {} connections failed outside the flush windows: {:?}\n{text}\n\
@@ -359,11 +354,6 @@ fn soak_under_churn_kills_outages_and_flushes() {
         &failed[..failed.len().min(20)],
         log_near(dir, &failed_at, 2.0)
     );
-    let late_at: Vec<f64> = outside
-        .iter()
-        .filter(|c| beyond_rules(&c.1))
-        .map(|c| wall0 + c.0)
-        .collect();
     assert!(
         late.len() * 1000 <= outcomes.len(),
         "more than one connection in 1,000 was answered late: {text}\n\

@@ -170,6 +170,8 @@ impl<const PRINTING: bool> Extend<Doc<PRINTING>> for Decoded<PRINTING> {
             }
             let tree = match doc {
                 Doc::Null => continue,
+                // A scalar or a sequence, read as a stand-in scalar: `decode_all` notes it
+                // among the ignored (no kind, no name), as it did the document's own tree.
                 Doc::Other => Value::Bool(false),
                 Doc::Map { mut rest, items } => match items {
                     Some(Items::Decoded(items)) if is_list(&rest) => {
