@@ -1619,6 +1619,64 @@ fn another_programs_element_changes_are_looked_up_not_read_back() {
     assert!(agent.terminate().success(), "{}", agent.log());
 }
 
+/// Another program adds a chain to our table and deletes it in one batch: the check its
+/// notification sets off reads back our chains and rules without any set's elements
+/// (counted as a lookup check; no read) and finds nothing to repair. A rule it then adds to
+/// one of our chains is found the same way and taken out by the repair.
+#[test]
+fn another_programs_chain_changes_are_checked_without_reading_elements() {
+    let Some((_dir, mut agent)) = agent_after_first_sync("chains", Vec::new()) else {
+        return;
+    };
+    let count = |method: &str| {
+        let (_, text) = agent.get(METRICS, "/metrics");
+        let name = format!("switchyard_kernel_checks_total{{method=\"{method}\"}}");
+        exposition::value(&text, &name).unwrap_or(0.0)
+    };
+    let nft = |command: &str| {
+        let args = ["netns", "exec", &agent.ns, "nft", command];
+        let out = netns::run("ip", &args, None, netns::CMD_TIMEOUT);
+        assert!(out.success(), "{}", out.transcript());
+    };
+    let reads = count("read");
+    nft("add chain ip switchyard someone-elses; delete chain ip switchyard someone-elses");
+    let t0 = Instant::now();
+    while count("lookup") < 1.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no check without a read within 5 s\nagent log:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(count("read"), reads, "{}", agent.log());
+    let (_, text) = agent.get(METRICS, "/metrics");
+    assert_eq!(
+        exposition::value(&text, "switchyard_drift_repairs_total").unwrap_or(0.0),
+        0.0,
+        "{text}"
+    );
+
+    // A rule of theirs in our services chain.
+    const MARK: &str = "0x00005a5a";
+    assert!(!agent.ruleset().contains(MARK));
+    nft("add rule ip switchyard services meta mark 0x5a5a counter");
+    agent.wait_metric("switchyard_drift_repairs_total", 1.0);
+    let t0 = Instant::now();
+    while agent.ruleset().contains(MARK) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "their rule still there after 5 s\nagent log:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = agent.log();
+    assert!(log.contains("chain services: rules changed"), "{log}");
+    assert_eq!(count("read"), reads, "{log}");
+    assert!(agent.terminate().success(), "{}", agent.log());
+}
+
 /// The notification listener overflowed: another program commits 30,000 set elements in one
 /// batch while the agent is stopped, which the kernel announces one message each, far more
 /// than the listener's socket holds, so its next read fails with ENOBUFS. It still hears what follows: two firewall

@@ -144,7 +144,8 @@ impl Agent {
                 .inc();
             if by_lookup {
                 tracing::debug!(
-                    "periodic check: others changed only elements of our sets; looking those up"
+                    "periodic check: others changed only elements, chains or rules of our table; looking those up (in {:?})",
+                    started.elapsed()
                 );
             } else {
                 tracing::debug!("periodic check: read back in {:?}", started.elapsed());

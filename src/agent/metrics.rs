@@ -362,7 +362,7 @@ impl Metrics {
                 IntCounterVec::new(
                     Opts::new(
                         "switchyard_kernel_checks_total",
-                        "Kernel checks, by method: \"generation\" when nobody else had changed our tables since the kernel last matched, \"read\" when it was read back and compared (the sets too large to read back looked up element by element, between syncs), \"lookup\" when others had changed only elements of our sets since it last matched and just those were looked up, \"notification\" when someone else's commit named our table",
+                        "Kernel checks, by method: \"generation\" when nobody else had changed our tables since the kernel last matched, \"read\" when it was read back and compared (the sets too large to read back looked up element by element, between syncs), \"lookup\" when others had changed only elements, chains or rules of our table since it last matched and just those were looked at (elements by key; chains and rules read back without any set's elements), \"notification\" when someone else's commit named our table",
                     ),
                     &["method"],
                 )?,

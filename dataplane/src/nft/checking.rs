@@ -21,21 +21,27 @@ pub(super) struct Check {
     kernel: Ruleset,
     /// The generation it was read at, when no commit overlapped the read.
     generation: Option<u32>,
-    /// A check of only the elements others changed since the kernel last held what we
-    /// committed, at this generation ([`Touched`]).
+    /// A check of only what others changed since the kernel last held what we committed,
+    /// at this generation ([`Touched`]).
     since: Option<u32>,
+    /// The elements others changed, to look up once `kernel`, a read of our chains and
+    /// rules without any set's elements, is compared.
+    touched: Vec<TouchedKey>,
     phase: Phase,
 }
 
 /// What a check's background work brings back instead of a read when the change listener
 /// saw others do nothing to our tables since `held` but add or delete elements of sets the
-/// check can look up: those keys (up to the generation `to`). Looking them up costs a few
-/// requests where a read of 100k services' tables costs a core for seconds.
+/// check can look up, chains or rules: those keys (up to the generation `to`), and if they
+/// touched chains or rules, our tables read at `to` without any set's elements (`rules`).
+/// Looking the keys up and comparing the chains costs a few requests where a read of 100k
+/// services' tables costs a core for seconds.
 #[derive(Debug)]
 struct Touched {
     held: u32,
     keys: Vec<TouchedKey>,
     to: u32,
+    rules: Option<Ruleset>,
 }
 
 /// The sets of `committed` whose elements a lookup by key finds (all but interval sets), and
@@ -111,19 +117,38 @@ impl<E: NftExecutor> NftBackend<E> {
         let touched = self
             .held_at
             .zip(self.exec.touched_since())
-            .map(|(held, since)| (held, since, lookable(&applied.ruleset)));
+            .map(|(held, since)| {
+                let rules = self.exec.background_read(every_set(&applied.ruleset));
+                (held, since, lookable(&applied.ruleset), rules)
+            });
         let read = self.exec.background_read(unread)?;
         if !self.begin_verify() {
             return None;
         }
         Some(Box::new(move || {
-            if let Some((held, since, sets)) = touched {
-                if let Some((keys, to)) = since(held) {
+            if let Some((held, since, sets, rules)) = touched {
+                if let Some(t) = since(held) {
                     // Nothing at all: then the agent asks for a read itself (it asks the
                     // generation first, `kernel_unchanged`).
                     let lookable = |(f, set, _): &TouchedKey| sets.contains(&(*f, set.to_string()));
-                    if !keys.is_empty() && keys.iter().all(lookable) {
-                        return Ok(Readback(Box::new(Touched { held, keys, to })));
+                    if (t.rules || !t.keys.is_empty()) && t.keys.iter().all(lookable) {
+                        let rules = match (t.rules, rules) {
+                            (false, _) => Some(None),
+                            // At the generation the listener saw last, or a read settles it.
+                            (true, Some(rules)) => match rules() {
+                                Ok((r, Some(at))) if at == t.to => Some(Some(r)),
+                                _ => None,
+                            },
+                            (true, None) => None,
+                        };
+                        if let Some(rules) = rules {
+                            return Ok(Readback(Box::new(Touched {
+                                held,
+                                keys: t.keys,
+                                to: t.to,
+                                rules,
+                            })));
+                        }
                     }
                 }
             }
@@ -141,13 +166,21 @@ impl<E: NftExecutor> NftBackend<E> {
                 let Ok(t) = other.downcast::<Touched>() else {
                     return false;
                 };
-                let phase = Phase::Confirming {
-                    confirmation: lookups::Confirmation::new(t.keys),
-                    others: Vec::new(),
-                };
-                (Ruleset::default(), Some(t.to), Some(t.held), Some(phase))
+                let t = *t;
+                match t.rules {
+                    Some(rules) => (rules, Some(t.to), Some((t.held, t.keys)), None),
+                    None => {
+                        let phase = Phase::Confirming {
+                            confirmation: lookups::Confirmation::new(t.keys),
+                            others: Vec::new(),
+                        };
+                        let touched = (t.held, Vec::new());
+                        (Ruleset::default(), Some(t.to), Some(touched), Some(phase))
+                    }
+                }
             }
         };
+        let (since, touched) = since.unzip();
         let Some(applied) = self.applied.as_ref().filter(|_| self.verifying.is_some()) else {
             // A failed sync since: the full one that follows repairs anyway.
             drop_elsewhere(kernel);
@@ -161,6 +194,7 @@ impl<E: NftExecutor> NftBackend<E> {
             kernel,
             generation,
             since,
+            touched: touched.unwrap_or_default(),
             phase,
         });
         true
@@ -207,7 +241,18 @@ impl<E: NftExecutor> NftBackend<E> {
                     else {
                         break Some(Outcome::More);
                     };
-                    if found.is_empty() && consistent && recent.is_empty() {
+                    if check.since.is_some() && recent.tables {
+                        // A layout of ours was written anew since the read: it compared
+                        // nothing, and vouches for none of their batches; a later check does.
+                        self.verifying = None;
+                        break Some(Outcome::Done(CheckResult {
+                            differences: Vec::new(),
+                            consistent: false,
+                        }));
+                    }
+                    // A read of our chains and rules alone says nothing of the elements.
+                    if found.is_empty() && consistent && recent.is_empty() && check.since.is_none()
+                    {
                         // Nothing of ours was committed since the read, which found our
                         // state whole; of the sets it left out, the lookups take this back
                         // if they find otherwise (until they end the agent asks nothing).
@@ -221,7 +266,7 @@ impl<E: NftExecutor> NftBackend<E> {
                             consistent,
                         }));
                     }
-                    let (mut keys, mut others) = (Vec::new(), Vec::new());
+                    let (mut keys, mut others) = (std::mem::take(&mut check.touched), Vec::new());
                     for d in found {
                         match d {
                             Difference::Element {
@@ -276,7 +321,8 @@ impl<E: NftExecutor> NftBackend<E> {
                     }
                     let left_out = unread(&check.kernel);
                     drop_elsewhere(std::mem::take(&mut check.kernel));
-                    if left_out.is_empty() {
+                    // A check of what others changed looked at all of it.
+                    if left_out.is_empty() || check.since.is_some() {
                         break Some(Outcome::Done(CheckResult {
                             differences: Vec::new(),
                             consistent,
@@ -336,6 +382,15 @@ impl<E: NftExecutor> NftBackend<E> {
             }
         }
     }
+}
+
+/// Every set of `committed`: a read of our chains and rules leaves out all their elements.
+fn every_set(committed: &Ruleset) -> Unread {
+    committed
+        .tables
+        .iter()
+        .flat_map(|(f, t)| t.sets.keys().map(move |name| (*f, name.clone())))
+        .collect()
 }
 
 /// Whether our set `set` of `family` is an interval set, whose elements lookups by key do

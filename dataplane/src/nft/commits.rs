@@ -11,8 +11,8 @@ use super::generations::Generations;
 use super::tables::TABLE;
 use crate::netlink::{
     attrs, be32, find, Membership, NetlinkError, Socket, NETLINK_NETFILTER, NFNLGRP_NFTABLES,
-    NFNL_SUBSYS_NFTABLES, NFTA_ANY_TABLE, NFTA_GEN_ID, NFT_MSG_DELSETELEM, NFT_MSG_NEWGEN,
-    NFT_MSG_NEWSETELEM,
+    NFNL_SUBSYS_NFTABLES, NFTA_ANY_TABLE, NFTA_GEN_ID, NFT_MSG_DELCHAIN, NFT_MSG_DELRULE,
+    NFT_MSG_DELSETELEM, NFT_MSG_NEWCHAIN, NFT_MSG_NEWGEN, NFT_MSG_NEWRULE, NFT_MSG_NEWSETELEM,
 };
 use nix::errno::Errno::ENOBUFS;
 use std::sync::Mutex;
@@ -99,11 +99,18 @@ fn generation_of(body: &[u8]) -> Option<u32> {
 
 /// Notes one notification of an object (`kind`, from the socket with `port`) in `seen`:
 /// the keys of elements someone else added to or deleted from our sets, so that a check
-/// can look those up, or any other change to our table. True when it is someone else's
-/// change to our table.
+/// can look those up; that they added or deleted chains or rules of our table, which a
+/// check reads back without any set's elements; or any other change to our table. True
+/// when it is someone else's change to our table.
 fn announced(seen: &mut Generations, kind: u16, port: u32, body: &[u8]) -> bool {
     if !names_our_table(body) {
         return seen.announced(port, false);
+    }
+    if matches!(
+        kind,
+        NFT_MSG_NEWCHAIN | NFT_MSG_DELCHAIN | NFT_MSG_NEWRULE | NFT_MSG_DELRULE
+    ) {
+        return seen.announced_rules(port);
     }
     let elements = matches!(kind, NFT_MSG_NEWSETELEM | NFT_MSG_DELSETELEM)
         .then(|| super::netlink::notified_elements(body))
@@ -126,7 +133,8 @@ fn names_our_table(body: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::names_our_table;
+    use super::{announced, names_our_table, Generations};
+    use crate::netlink::{NFT_MSG_DELRULE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWSET};
 
     fn body(name: &str) -> Vec<u8> {
         let mut b = vec![2, 0, 0, 0];
@@ -147,5 +155,53 @@ mod tests {
         assert!(!names_our_table(&body("kube-proxy")));
         assert!(!names_our_table(&body("switchyard2")));
         assert!(!names_our_table(&[2, 0, 0, 0]));
+    }
+
+    #[test]
+    fn their_chains_and_rules_in_our_table_are_noted_apart_from_other_changes() {
+        let (ours, theirs) = (7, 9);
+        let mut seen = Generations::default();
+        seen.own_port(Some(ours));
+        seen.committed(1);
+        assert!(announced(
+            &mut seen,
+            NFT_MSG_NEWCHAIN,
+            theirs,
+            &body("switchyard")
+        ));
+        assert!(announced(
+            &mut seen,
+            NFT_MSG_DELRULE,
+            theirs,
+            &body("switchyard")
+        ));
+        seen.committed(2);
+        let rules_and_keys =
+            |seen: &Generations, held| seen.touched_since(held).map(|t| (t.rules, t.keys.len()));
+        assert_eq!(rules_and_keys(&seen, 1), Some((true, 0)));
+        // Ours, and theirs elsewhere, are no change to look at.
+        assert!(!announced(
+            &mut seen,
+            NFT_MSG_NEWRULE,
+            ours,
+            &body("switchyard")
+        ));
+        assert!(!announced(
+            &mut seen,
+            NFT_MSG_NEWRULE,
+            theirs,
+            &body("kube-proxy")
+        ));
+        seen.committed(3);
+        assert_eq!(rules_and_keys(&seen, 2), Some((false, 0)));
+        // A set of theirs in our table is a change of any kind: a read settles it.
+        assert!(announced(
+            &mut seen,
+            NFT_MSG_NEWSET,
+            theirs,
+            &body("switchyard")
+        ));
+        seen.committed(4);
+        assert_eq!(rules_and_keys(&seen, 3), None);
     }
 }

@@ -14,6 +14,8 @@
 //! A batch of someone else's that only added or deleted elements of our sets names each
 //! element in its notifications: those keys are kept with its generation, so that a check
 //! can look up just them instead of reading our tables back ([`Generations::touched_since`]).
+//! One that added or deleted chains or rules of our table is kept as such: a check reads
+//! back our chains and rules, without any set's elements.
 
 use crate::model::IpFamily;
 use std::collections::VecDeque;
@@ -22,9 +24,26 @@ use std::collections::VecDeque;
 /// batch added or deleted.
 pub type TouchedKey = (IpFamily, String, String);
 
-/// The most keys kept for checks to look up; beyond them the oldest batches count as
-/// changes of any kind, which a read settles.
+/// The most keys (and batches that changed chains or rules) kept for checks to look up;
+/// beyond them the oldest batches count as changes of any kind, which a read settles.
 pub const MAX_TOUCHED: usize = 10_000;
+
+/// What someone else's batches did to our table after a generation the kernel held our
+/// state at, when that was no more than adding or deleting elements, chains and rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Touches {
+    /// The elements of our sets added or deleted.
+    pub keys: Vec<TouchedKey>,
+    /// Whether chains or rules of our table were added or deleted.
+    pub rules: bool,
+    /// The last generation the listener saw.
+    pub to: u32,
+}
+
+/// A batch's share of [`MAX_TOUCHED`].
+fn weight(keys: &[TouchedKey], rules: bool) -> usize {
+    keys.len() + usize::from(rules)
+}
 
 /// The generation after `g`: the kernel skips 0 when its counter wraps.
 pub fn next_generation(g: u32) -> u32 {
@@ -66,10 +85,14 @@ pub struct Generations {
     open_other: bool,
     /// The elements of our sets the batch being announced added or deleted, if not ours.
     open_keys: Vec<TouchedKey>,
-    /// As `run`, but a batch of someone else's that only added or deleted elements of our
-    /// sets continues it; the generations of those batches and their keys are `touched`.
+    /// The batch being announced, not ours, added or deleted chains or rules of our table.
+    open_rules: bool,
+    /// As `run`, but a batch of someone else's that only added or deleted elements, chains
+    /// or rules of our table continues it; those batches' generations, keys and whether
+    /// they changed chains or rules are `touched`.
     loose: Option<(u32, u32)>,
-    touched: VecDeque<(u32, Vec<TouchedKey>)>,
+    touched: VecDeque<(u32, Vec<TouchedKey>, bool)>,
+    /// The [`weight`] of what `touched` holds.
     touched_keys: usize,
 }
 
@@ -106,6 +129,17 @@ impl Generations {
         theirs
     }
 
+    /// A notification that a chain or rule of our table was added or deleted, from the
+    /// socket with `port`; true when it is someone else's change.
+    pub fn announced_rules(&mut self, port: u32) -> bool {
+        let theirs = self.own_port != Some(port);
+        if theirs {
+            self.open_changed = true;
+            self.open_rules = true;
+        }
+        theirs
+    }
+
     /// The end of a batch committed on the socket with `port`: the kernel moved to
     /// `generation`.
     pub fn committed_by(&mut self, generation: u32, port: u32) {
@@ -129,6 +163,7 @@ impl Generations {
         let changed = std::mem::take(&mut self.open_changed) || self.rejoining || doubtful;
         let other = std::mem::take(&mut self.open_other) || self.rejoining || doubtful;
         let keys = std::mem::take(&mut self.open_keys);
+        let rules = std::mem::take(&mut self.open_rules);
         self.run = Some(continued(self.run, changed, generation));
         let follows = self
             .loose
@@ -139,23 +174,24 @@ impl Generations {
         }
         self.loose = Some(continued(self.loose, other, generation));
         if changed && !other {
-            self.touched_keys += keys.len();
-            self.touched.push_back((generation, keys));
+            self.touched_keys += weight(&keys, rules);
+            self.touched.push_back((generation, keys, rules));
             while self.touched_keys > MAX_TOUCHED {
                 // What the oldest batch changed is forgotten: from it on, only a read.
-                let Some((g, k)) = self.touched.pop_front() else {
+                let Some((g, k, r)) = self.touched.pop_front() else {
                     break;
                 };
-                self.touched_keys -= k.len();
+                self.touched_keys -= weight(&k, r);
                 self.loose = self.loose.map(|(_, end)| (g, end));
             }
         }
     }
 
-    /// The elements of our sets someone else added or deleted after generation `held`, and
-    /// the last generation seen, when every batch after `held` was seen and was ours, left
-    /// our tables alone or did only that; `None` otherwise.
-    pub fn touched_since(&self, held: u32) -> Option<(Vec<TouchedKey>, u32)> {
+    /// The elements of our sets someone else added or deleted after generation `held`,
+    /// whether they added or deleted chains or rules of our table, and the last generation
+    /// seen, when every batch after `held` was seen and was ours, left our tables alone or
+    /// did only that; `None` otherwise.
+    pub fn touched_since(&self, held: u32) -> Option<Touches> {
         if self.rejoining || self.doubtful_up_to.is_some() {
             return None;
         }
@@ -164,18 +200,22 @@ impl Generations {
         if at(held) > at(end) {
             return None;
         }
-        let keys = self
-            .touched
-            .iter()
-            .filter(|(g, _)| at(*g) > at(held) && at(*g) <= at(end))
-            .flat_map(|(_, k)| k.iter().cloned())
-            .collect();
-        Some((keys, end))
+        let after = || {
+            self.touched
+                .iter()
+                .filter(move |(g, _, _)| at(*g) > at(held) && at(*g) <= at(end))
+        };
+        Some(Touches {
+            keys: after().flat_map(|(_, k, _)| k.iter().cloned()).collect(),
+            rules: after().any(|(_, _, r)| *r),
+            to: end,
+        })
     }
 
     /// A check looked up every element someone else added or deleted after `held` up to
-    /// `to` ([`Self::touched_since`]) and found each as we committed it: those batches
-    /// count as having left our tables alone.
+    /// `to` ([`Self::touched_since`]) and found each as we committed it (and our chains and
+    /// rules as we committed them, if theirs were touched): those batches count as having
+    /// left our tables alone.
     pub fn verified(&mut self, held: u32, to: u32) {
         let Some((start, end)) = self.loose else {
             return;
@@ -191,9 +231,13 @@ impl Generations {
                 self.run = Some((held, last));
             }
         }
-        while self.touched.front().is_some_and(|(g, _)| at(*g) <= at(to)) {
-            if let Some((_, k)) = self.touched.pop_front() {
-                self.touched_keys -= k.len();
+        while self
+            .touched
+            .front()
+            .is_some_and(|(g, _, _)| at(*g) <= at(to))
+        {
+            if let Some((_, k, r)) = self.touched.pop_front() {
+                self.touched_keys -= weight(&k, r);
             }
         }
     }
@@ -394,6 +438,57 @@ mod tests {
         (IpFamily::V4, "cluster-ips".into(), k.into())
     }
 
+    fn touches(keys: Vec<TouchedKey>, to: u32) -> Touches {
+        Touches {
+            keys,
+            rules: false,
+            to,
+        }
+    }
+
+    #[test]
+    fn batches_of_theirs_that_touch_chains_or_rules_are_kept_as_such() {
+        let mut g = seen();
+        g.committed(110);
+        // A chain added and deleted in our table, in one batch.
+        assert!(g.announced_rules(THEIRS));
+        assert!(g.announced_rules(THEIRS));
+        g.committed(111);
+        assert!(!g.unchanged_between(110, 111));
+        let rules = |keys, to| Touches {
+            keys,
+            rules: true,
+            to,
+        };
+        assert_eq!(g.touched_since(110), Some(rules(vec![], 111)));
+        // Elements in a later batch: both are named; from 111 on, only the elements.
+        g.announced_elements(THEIRS, vec![key("a")]);
+        g.committed(112);
+        assert_eq!(g.touched_since(110), Some(rules(vec![key("a")], 112)));
+        assert_eq!(g.touched_since(111), Some(touches(vec![key("a")], 112)));
+        // Ours are not theirs.
+        assert!(!g.announced_rules(OURS));
+        g.committed(113);
+        assert_eq!(g.touched_since(112), Some(touches(vec![], 113)));
+        // Checked and found as committed: from 110 on, nothing changed.
+        g.verified(110, 113);
+        assert!(g.unchanged_between(110, 113));
+        assert_eq!(g.touched_since(110), Some(touches(vec![], 113)));
+        assert_eq!(g.touched_keys, 0);
+        // A batch of rules and anything else is a change of any kind.
+        g.announced_rules(THEIRS);
+        g.announced(THEIRS, true);
+        g.committed(114);
+        assert_eq!(g.touched_since(113), None);
+        // Batches of rules count against the cap one each.
+        for generation in 115..=115 + MAX_TOUCHED as u32 {
+            g.announced_rules(THEIRS);
+            g.committed(generation);
+        }
+        assert_eq!(g.touched_since(114), None, "the oldest is forgotten");
+        assert!(g.touched_since(115).is_some_and(|t| t.rules));
+    }
+
     #[test]
     fn batches_of_theirs_that_only_touch_elements_name_them_for_lookups() {
         let mut g = seen();
@@ -401,22 +496,28 @@ mod tests {
         assert!(g.announced_elements(THEIRS, vec![key("192.0.2.1")]));
         g.committed(61);
         assert!(!g.unchanged_between(60, 61));
-        assert_eq!(g.touched_since(60), Some((vec![key("192.0.2.1")], 61)));
+        assert_eq!(
+            g.touched_since(60),
+            Some(touches(vec![key("192.0.2.1")], 61))
+        );
         // Ours (its keys are not kept) and commits elsewhere continue it.
         assert!(!g.announced_elements(OURS, vec![key("10.96.0.1")]));
         g.committed(62);
-        assert_eq!(g.touched_since(60), Some((vec![key("192.0.2.1")], 62)));
-        assert_eq!(g.touched_since(61), Some((vec![], 62)));
+        assert_eq!(
+            g.touched_since(60),
+            Some(touches(vec![key("192.0.2.1")], 62))
+        );
+        assert_eq!(g.touched_since(61), Some(touches(vec![], 62)));
         assert_eq!(g.touched_since(58), None, "generation 59 was not seen");
         // Looked up and found as committed: from 60 on, nothing changed.
         g.verified(60, 62);
         assert!(g.unchanged_between(60, 62));
-        assert_eq!(g.touched_since(60), Some((vec![], 62)));
+        assert_eq!(g.touched_since(60), Some(touches(vec![], 62)));
         // Anything else of theirs to our table starts over.
         assert!(g.announced(THEIRS, true));
         g.committed(63);
         assert_eq!(g.touched_since(62), None);
-        assert_eq!(g.touched_since(63), Some((vec![], 63)));
+        assert_eq!(g.touched_since(63), Some(touches(vec![], 63)));
         // So does a batch of elements and more.
         g.announced_elements(THEIRS, vec![key("a")]);
         g.announced(THEIRS, true);
@@ -432,11 +533,14 @@ mod tests {
         g.committed(71);
         g.announced_elements(THEIRS, vec![key("b")]);
         g.committed(72);
-        assert_eq!(g.touched_since(70), Some((vec![key("a"), key("b")], 72)));
+        assert_eq!(
+            g.touched_since(70),
+            Some(touches(vec![key("a"), key("b")], 72))
+        );
         // A check that took the keys up to 71 only.
         g.verified(70, 71);
         assert!(!g.unchanged_between(70, 72));
-        assert_eq!(g.touched_since(70), Some((vec![key("b")], 72)));
+        assert_eq!(g.touched_since(70), Some(touches(vec![key("b")], 72)));
         g.verified(70, 72);
         assert!(g.unchanged_between(70, 72));
     }
@@ -448,11 +552,14 @@ mod tests {
         let many = (0..MAX_TOUCHED).map(|i| key(&i.to_string())).collect();
         g.announced_elements(THEIRS, many);
         g.committed(81);
-        assert_eq!(g.touched_since(80).map(|t| t.0.len()), Some(MAX_TOUCHED));
+        assert_eq!(g.touched_since(80).map(|t| t.keys.len()), Some(MAX_TOUCHED));
         g.announced_elements(THEIRS, vec![key("one more")]);
         g.committed(82);
         assert_eq!(g.touched_since(80), None);
-        assert_eq!(g.touched_since(81), Some((vec![key("one more")], 82)));
+        assert_eq!(
+            g.touched_since(81),
+            Some(touches(vec![key("one more")], 82))
+        );
         // Lost notifications may have named anything.
         g.lost(Some(83));
         g.announced_elements(THEIRS, vec![key("c")]);
@@ -472,7 +579,7 @@ mod tests {
             g.committed(90);
             g.announced_elements(THEIRS, vec![key("a")]);
             g.committed(91);
-            assert_eq!(g.touched_since(90), Some((vec![key("a")], 91)));
+            assert_eq!(g.touched_since(90), Some(touches(vec![key("a")], 91)));
             // Until the next batch's end is seen, and after it, nothing from before counts.
             miss(&mut g);
             assert_eq!(g.touched_since(90), None);
@@ -494,7 +601,7 @@ mod tests {
         assert!(g.open_keys.is_empty(), "not held past the cap");
         g.committed(101);
         assert_eq!(g.touched_since(100), None);
-        assert_eq!(g.touched_since(101), Some((vec![], 101)));
+        assert_eq!(g.touched_since(101), Some(touches(vec![], 101)));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use super::diff::{apply, Op, Transaction};
 use super::elements::Elements;
-use super::generations::{next_generation, Generations, TouchedKey};
+use super::generations::{next_generation, Generations, TouchedKey, Touches};
 use super::listing::{parse_table, ListingError};
 use super::netlink::Reader;
 use super::pacing::Pacer;
@@ -95,9 +95,10 @@ impl From<NftError> for BackendError {
 pub type BackgroundRead = Box<dyn FnOnce() -> Result<(Ruleset, Option<u32>), NftError> + Send>;
 
 /// For another thread: given the generation at which the kernel last held what we
-/// committed, the elements of our sets someone else added or deleted since, and the last
-/// generation the change listener saw; `None` when anything else may have changed.
-pub type TouchedSince = Box<dyn FnOnce(u32) -> Option<(Vec<TouchedKey>, u32)> + Send>;
+/// committed, the elements of our sets someone else added or deleted since, whether they
+/// added or deleted chains or rules of our table, and the last generation the change
+/// listener saw; `None` when anything else may have changed.
+pub type TouchedSince = Box<dyn FnOnce(u32) -> Option<Touches> + Send>;
 
 /// Sets to read back without their elements.
 pub type Unread = BTreeSet<(IpFamily, String)>;
@@ -141,7 +142,8 @@ pub trait NftExecutor {
         None
     }
     /// A check looked up every element [`Self::touched_since`] named after `held` up to
-    /// `to` and found each as we committed it: those commits left our tables as they were.
+    /// `to` (and read our chains and rules back, if it said those were touched) and found
+    /// each as we committed it: those commits left our tables as they were.
     fn verified(&mut self, _held: u32, _to: u32) {}
     /// The elements of our set `set` in `family` with `keys`, looked up one by one rather
     /// than dumped ([`super::getelem::look_up_on`]).
@@ -525,6 +527,16 @@ impl FakeNft {
     pub fn foreign_elements(&mut self, keys: Vec<TouchedKey>, change: impl FnOnce(&mut Ruleset)) {
         change(&mut self.state);
         self.generation = next_generation(self.generation);
+        self.seen.announced_elements(u32::MAX, keys);
+        self.seen.committed(self.generation);
+    }
+
+    /// Someone else adds or deletes chains or rules of our table (and elements: `keys`), and
+    /// nothing else.
+    pub fn foreign_rules(&mut self, keys: Vec<TouchedKey>, change: impl FnOnce(&mut Ruleset)) {
+        change(&mut self.state);
+        self.generation = next_generation(self.generation);
+        self.seen.announced_rules(u32::MAX);
         self.seen.announced_elements(u32::MAX, keys);
         self.seen.committed(self.generation);
     }

@@ -4,6 +4,7 @@
 use super::generations::TouchedKey;
 use super::kernel::FakeNft;
 use super::skeleton::{MAP_AFFINITY, MAP_BACKENDS, SET_CLUSTER_IPS, SET_SERVICE_CIDRS};
+use super::tables::Chain;
 use super::tests::{backends_mut, first_backend, port, snapshot, steps};
 use super::NftBackend;
 use crate::backend::{Backend, Scope};
@@ -103,4 +104,53 @@ fn elements_a_lookup_cannot_settle_and_any_other_change_are_read_back() {
         .foreign_elements(vec![key(SET_CLUSTER_IPS, "192.0.2.1")], |_| {});
     be.exec.foreign(|_| {});
     assert_eq!(check(&mut be), (false, 0, vec![]));
+}
+
+#[test]
+fn a_check_after_others_touched_chains_or_rules_reads_back_no_elements() {
+    let mut be = NftBackend::new(FakeNft::default());
+    let s = snapshot(vec![(port("a", "b", "172.30.0.1", 80), vec!["10.0.0.1"])]);
+    be.sync(&s, Scope::AllServices).unwrap();
+
+    // Another program adds a chain to our table and deletes it in one batch: our chains and
+    // rules are read back and compared, no element is read or looked up.
+    be.exec.foreign_rules(Vec::new(), |_| {});
+    assert!(!be.kernel_unchanged());
+    assert_eq!(check(&mut be), (true, 0, vec![]));
+    assert!(be.kernel_unchanged(), "their batch is settled by the check");
+
+    // A chain and one of our elements in one batch: the element's lookup finds it gone.
+    let (slot, _) = first_backend(&be);
+    be.exec.foreign_rules(vec![key(MAP_BACKENDS, &slot)], |rs| {
+        backends_mut(rs).elements.remove(&slot);
+    });
+    let missing = format!("{} set backends: element {slot} missing", IpFamily::V4);
+    assert_eq!(check(&mut be), (true, 1, vec![missing]));
+    assert!(be.sync(&s, Scope::RepairAll).unwrap().drift);
+    assert!(be.kernel_unchanged());
+
+    // A chain of theirs left in our table and a rule added to one of ours: both found, and
+    // repaired.
+    be.exec.foreign_rules(Vec::new(), |rs| {
+        let t = rs.tables.get_mut(&IpFamily::V4).unwrap();
+        t.chains.insert("someone-elses".into(), Chain::default());
+        t.chains
+            .get_mut("services")
+            .expect("our services chain")
+            .rules
+            .push(String::new());
+    });
+    let (by_lookup, looked_up, found) = check(&mut be);
+    assert!(by_lookup);
+    assert_eq!(looked_up, 0);
+    assert_eq!(
+        found,
+        [
+            format!("{} chain services: rules changed", IpFamily::V4),
+            format!("{} chain someone-elses not ours", IpFamily::V4),
+        ]
+    );
+    assert!(be.sync(&s, Scope::RepairAll).unwrap().drift);
+    assert!(be.kernel_unchanged());
+    assert_eq!(check(&mut be), (false, 0, vec![]), "nothing is held back");
 }
