@@ -6,7 +6,8 @@
 //! Run: `cargo bench --bench agent_e2e` as root. Knobs: SY_BENCH_SERVICES (10000),
 //! SY_BENCH_RATE changes per second (100), SY_BENCH_SECONDS (60), SY_BENCH_MIN_SYNC (1ms),
 //! SY_BENCH_SYNC_PERIOD (30s), SY_BENCH_FOREIGN (0; 1: another program commits to nftables
-//! every second, so each periodic check has to read the kernel back), SY_BENCH_BIN (another
+//! every second; 2: to our table, an element added and deleted, which the agent looks up; 3:
+//! to our table, a chain added and deleted, which the agent reads back), SY_BENCH_BIN (another
 //! agent binary, to compare two builds in one session), SY_BENCH_LOG (the agent's
 //! `--log-level`, warn).
 
@@ -66,7 +67,8 @@ fn main() {
     let min_sync: String = env_or("SY_BENCH_MIN_SYNC", "1ms".to_string());
     let sync_period: String = env_or("SY_BENCH_SYNC_PERIOD", "30s".to_string());
     // 1: someone else's commits to a table of their own; 2: to ours, changing nothing (an
-    // element added and deleted in one commit), so that every one is checked.
+    // element added and deleted in one commit), so that every one is checked; 3: to ours,
+    // a chain added and deleted in one commit, so that every one is read back.
     let foreign: u8 = env_or("SY_BENCH_FOREIGN", 0u8);
     let log_level: String = env_or("SY_BENCH_LOG", "warn".to_string());
     let bin: String = env_or("SY_BENCH_BIN", env!("CARGO_BIN_EXE_switchyard").to_string());
@@ -135,6 +137,7 @@ fn main() {
                 let verb = if k.is_multiple_of(2) { "add" } else { "delete" };
                 let command = match foreign {
                     1 => format!("{verb} table ip someone-else"),
+                    3 => "add chain ip switchyard someone-elses; delete chain ip switchyard someone-elses".to_string(),
                     _ => "add element ip switchyard cluster-ips { 192.0.2.1 }; delete element ip switchyard cluster-ips { 192.0.2.1 }".to_string(),
                 };
                 let _ = std::process::Command::new("ip")
@@ -214,6 +217,7 @@ fn main() {
         match foreign {
             0 => "",
             1 => ", a foreign nftables commit every second",
+            3 => ", a foreign nftables commit to our table (a chain added and deleted) every second",
             _ => ", a foreign nftables commit to our table (changing nothing) every second",
         }
     );
