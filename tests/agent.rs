@@ -1575,92 +1575,90 @@ fn another_programs_element_changes_are_looked_up_not_read_back() {
     let Some((_dir, mut agent)) = agent_after_first_sync("touched", Vec::new()) else {
         return;
     };
-    let count = |method: &str| {
-        let (_, text) = agent.get(METRICS, "/metrics");
-        let name = format!("switchyard_kernel_checks_total{{method=\"{method}\"}}");
-        exposition::value(&text, &name).unwrap_or(0.0)
-    };
-    let reads = count("read");
-    let probe = netns::run(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &agent.ns,
-            "nft",
-            "add element ip switchyard cluster-ips { 192.0.2.1 }; \
-             delete element ip switchyard cluster-ips { 192.0.2.1 }",
-        ],
-        None,
-        netns::CMD_TIMEOUT,
+    let reads = checks(&agent, "read");
+    checked_by_lookup_with_nothing_to_repair(
+        &agent,
+        "add element ip switchyard cluster-ips { 192.0.2.1 }; \
+         delete element ip switchyard cluster-ips { 192.0.2.1 }",
     );
-    assert!(probe.success(), "{}", probe.transcript());
+    // One of ours deleted: looked up, found missing, put back, with no read.
+    let lookups = checks(&agent, "lookup");
+    delete_a_slot_and_see_it_repaired(&agent);
+    assert!(checks(&agent, "lookup") > lookups, "{}", agent.log());
+    assert_eq!(checks(&agent, "read"), reads, "{}", agent.log());
+    assert!(agent.terminate().success(), "{}", agent.log());
+}
+
+/// How many kernel checks by `method` the agent counted.
+fn checks(agent: &Agent, method: &str) -> f64 {
+    let (_, text) = agent.get(METRICS, "/metrics");
+    let name = format!("switchyard_kernel_checks_total{{method=\"{method}\"}}");
+    exposition::value(&text, &name).unwrap_or(0.0)
+}
+
+/// Someone else's `nft` `command` in the agent's namespace, and the check its notification
+/// sets off, to its end (5 s at most): by lookup, with no read and nothing to repair.
+fn checked_by_lookup_with_nothing_to_repair(agent: &Agent, command: &str) {
+    const FINISHED: &str = "switchyard_kernel_check_duration_seconds_count";
+    let value = |name: &str| {
+        let (_, text) = agent.get(METRICS, "/metrics");
+        exposition::value(&text, name).unwrap_or(0.0)
+    };
+    let (reads, lookups, finished) = (
+        checks(agent, "read"),
+        checks(agent, "lookup"),
+        value(FINISHED),
+    );
+    let args = ["netns", "exec", &agent.ns, "nft", command];
+    let out = netns::run("ip", &args, None, netns::CMD_TIMEOUT);
+    assert!(out.success(), "{}", out.transcript());
     let t0 = Instant::now();
-    while count("lookup") < 1.0 {
+    while checks(agent, "lookup") <= lookups || value(FINISHED) <= finished {
         assert!(
             t0.elapsed() < Duration::from_secs(5),
-            "no check by lookup within 5 s\nagent log:\n{}",
+            "no check by lookup finished within 5 s\nagent log:\n{}",
             agent.log()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(count("read"), reads, "{}", agent.log());
-    let (_, text) = agent.get(METRICS, "/metrics");
+    assert_eq!(checks(agent, "read"), reads, "{}", agent.log());
     assert_eq!(
-        exposition::value(&text, "switchyard_drift_repairs_total").unwrap_or(0.0),
+        value("switchyard_drift_repairs_total"),
         0.0,
-        "{text}"
+        "{}",
+        agent.log()
     );
-
-    // One of ours deleted: looked up, found missing, put back, with no read.
-    delete_a_slot_and_see_it_repaired(&agent);
-    assert!(count("lookup") >= 2.0, "{}", agent.log());
-    assert_eq!(count("read"), reads, "{}", agent.log());
-    assert!(agent.terminate().success(), "{}", agent.log());
 }
 
 /// Another program adds a chain to our table and deletes it in one batch: the check its
 /// notification sets off reads back our chains and rules without any set's elements
 /// (counted as a lookup check; no read) and finds nothing to repair. A rule it then adds to
-/// one of our chains is found the same way and taken out by the repair.
+/// one of our chains, and a policy it sets on one of our base chains, are found the same
+/// way and undone by the repair.
 #[test]
 fn another_programs_chain_changes_are_checked_without_reading_elements() {
     let Some((_dir, mut agent)) = agent_after_first_sync("chains", Vec::new()) else {
         return;
     };
-    let count = |method: &str| {
-        let (_, text) = agent.get(METRICS, "/metrics");
-        let name = format!("switchyard_kernel_checks_total{{method=\"{method}\"}}");
-        exposition::value(&text, &name).unwrap_or(0.0)
-    };
-    let nft = |command: &str| {
-        let args = ["netns", "exec", &agent.ns, "nft", command];
-        let out = netns::run("ip", &args, None, netns::CMD_TIMEOUT);
-        assert!(out.success(), "{}", out.transcript());
-    };
-    let reads = count("read");
-    nft("add chain ip switchyard someone-elses; delete chain ip switchyard someone-elses");
-    let t0 = Instant::now();
-    while count("lookup") < 1.0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "no check without a read within 5 s\nagent log:\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(count("read"), reads, "{}", agent.log());
-    let (_, text) = agent.get(METRICS, "/metrics");
-    assert_eq!(
-        exposition::value(&text, "switchyard_drift_repairs_total").unwrap_or(0.0),
-        0.0,
-        "{text}"
+    let reads = checks(&agent, "read");
+    checked_by_lookup_with_nothing_to_repair(
+        &agent,
+        "add chain ip switchyard someone-elses; delete chain ip switchyard someone-elses",
     );
 
     // A rule of theirs in our services chain.
     const MARK: &str = "0x00005a5a";
     assert!(!agent.ruleset().contains(MARK));
-    nft("add rule ip switchyard services meta mark 0x5a5a counter");
+    let lookups = checks(&agent, "lookup");
+    let args = [
+        "netns",
+        "exec",
+        &agent.ns,
+        "nft",
+        "add rule ip switchyard services meta mark 0x5a5a counter",
+    ];
+    let out = netns::run("ip", &args, None, netns::CMD_TIMEOUT);
+    assert!(out.success(), "{}", out.transcript());
     agent.wait_metric("switchyard_drift_repairs_total", 1.0);
     let t0 = Instant::now();
     while agent.ruleset().contains(MARK) {
@@ -1673,7 +1671,33 @@ fn another_programs_chain_changes_are_checked_without_reading_elements() {
     }
     let log = agent.log();
     assert!(log.contains("chain services: rules changed"), "{log}");
-    assert_eq!(count("read"), reads, "{log}");
+    assert!(checks(&agent, "lookup") > lookups, "{log}");
+    assert_eq!(checks(&agent, "read"), reads, "{log}");
+
+    // A policy of theirs on one of our base chains, which would drop what no rule accepts.
+    let args = [
+        "netns",
+        "exec",
+        &agent.ns,
+        "nft",
+        "chain ip switchyard filter-forward { policy drop; }",
+    ];
+    let out = netns::run("ip", &args, None, netns::CMD_TIMEOUT);
+    assert!(out.success(), "{}", out.transcript());
+    agent.wait_metric("switchyard_drift_repairs_total", 2.0);
+    let t0 = Instant::now();
+    while agent.ruleset().contains("policy drop") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "their policy still there after 5 s\n{}\nagent log:\n{}",
+            agent.ruleset(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = agent.log();
+    assert!(log.contains("chain filter-forward: rules changed"), "{log}");
+    assert_eq!(checks(&agent, "read"), reads, "{log}");
     assert!(agent.terminate().success(), "{}", agent.log());
 }
 

@@ -107,9 +107,9 @@ fn unread(kernel: &Ruleset) -> Unread {
 
 impl<E: NftExecutor> NftBackend<E> {
     /// A background read of our tables without the sets too large to read back.
-    /// Unless only elements were changed by others since the kernel last held what we
-    /// committed ([`Touched`], decided on the background thread, once the change listener
-    /// has caught up).
+    /// Unless only elements, chains and rules were changed by others since the kernel last
+    /// held what we committed ([`Touched`], decided on the background thread, once the
+    /// change listener has caught up).
     pub(super) fn begin_check_read(&mut self) -> Option<ReadJob> {
         self.end_check();
         let applied = self.applied.as_ref()?;
@@ -200,7 +200,8 @@ impl<E: NftExecutor> NftBackend<E> {
         true
     }
 
-    /// Whether the check in hand only looks up the elements others changed.
+    /// Whether the check in hand looks only at what others changed: the elements, looked
+    /// up, and if chains or rules, our chains and rules read back without any element.
     pub(super) fn checking_by_lookup(&self) -> bool {
         self.check.as_ref().is_some_and(|c| c.since.is_some())
     }
@@ -241,12 +242,15 @@ impl<E: NftExecutor> NftBackend<E> {
                     else {
                         break Some(Outcome::More);
                     };
-                    if check.since.is_some() && recent.tables {
-                        // A layout of ours was written anew since the read: it compared
-                        // nothing, and vouches for none of their batches; a later check does.
+                    if check.since.is_some() && (recent.tables || !recent.chains.is_empty()) {
+                        // Our commits since the read wrote a table, a set's declaration or a
+                        // chain: the comparison left those out, so it vouches for none of
+                        // their batches. A chain of ours created over one of theirs keeps
+                        // their rules (no NLM_F_EXCL). Read again, as after any read that
+                        // overlapped commits.
                         self.verifying = None;
                         break Some(Outcome::Done(CheckResult {
-                            differences: Vec::new(),
+                            differences: vec![OVERLAPPED.to_string()],
                             consistent: false,
                         }));
                     }
@@ -383,6 +387,12 @@ impl<E: NftExecutor> NftBackend<E> {
         }
     }
 }
+
+/// What a check of others' chain and rule changes reports when our own commits meanwhile
+/// touched what it compares: the agent reads again to confirm, as after a read that
+/// overlapped commits.
+pub(super) const OVERLAPPED: &str =
+    "our chains and rules, compared while our own commits rewrote some: reading again";
 
 /// Every set of `committed`: a read of our chains and rules leaves out all their elements.
 fn every_set(committed: &Ruleset) -> Unread {

@@ -408,6 +408,22 @@ fn update_table(tx: &mut Transaction, family: IpFamily, old: &Table, new: &Table
                 });
                 changed_chains.push(name);
             }
+            // A base chain whose hook, priority or policy someone changed (a policy of
+            // drop would drop what no rule accepts): made anew, since a flush keeps them
+            // and the kernel refuses another hook or priority for a chain. Nothing jumps
+            // to a base chain.
+            Some(o) if o.hook.is_some() && chain.hook.is_some() && o.hook != chain.hook => {
+                tx.ops.push(Op::DeleteChain {
+                    family,
+                    name: name.clone(),
+                });
+                tx.ops.push(Op::AddChain {
+                    family,
+                    name: name.clone(),
+                    hook: chain.hook.clone(),
+                });
+                changed_chains.push(name);
+            }
             Some(o) if full || !chain.same_as(o) => {
                 tx.ops.push(Op::FlushChain {
                     family,

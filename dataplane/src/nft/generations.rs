@@ -34,7 +34,7 @@ pub const MAX_TOUCHED: usize = 10_000;
 pub struct Touches {
     /// The elements of our sets added or deleted.
     pub keys: Vec<TouchedKey>,
-    /// Whether chains or rules of our table were added or deleted.
+    /// Whether chains or rules of our table were added, changed or deleted.
     pub rules: bool,
     /// The last generation the listener saw.
     pub to: u32,
@@ -81,11 +81,12 @@ pub struct Generations {
     /// When the listener last saw another program's batch end ([`super::pacing`]).
     last_foreign: Option<std::time::Instant>,
     /// The batch being announced did more to our table than add or delete elements of
-    /// our sets (or the listener cannot tell).
+    /// our sets, chains and rules (or the listener cannot tell).
     open_other: bool,
     /// The elements of our sets the batch being announced added or deleted, if not ours.
     open_keys: Vec<TouchedKey>,
-    /// The batch being announced, not ours, added or deleted chains or rules of our table.
+    /// The batch being announced, not ours, added, changed or deleted chains or rules of
+    /// our table.
     open_rules: bool,
     /// As `run`, but a batch of someone else's that only added or deleted elements, chains
     /// or rules of our table continues it; those batches' generations, keys and whether
@@ -129,8 +130,8 @@ impl Generations {
         theirs
     }
 
-    /// A notification that a chain or rule of our table was added or deleted, from the
-    /// socket with `port`; true when it is someone else's change.
+    /// A notification that a chain or rule of our table was added, changed or deleted,
+    /// from the socket with `port`; true when it is someone else's change.
     pub fn announced_rules(&mut self, port: u32) -> bool {
         let theirs = self.own_port != Some(port);
         if theirs {

@@ -8,7 +8,7 @@ use super::listing::{parse_table, ListingError};
 use super::netlink::Reader;
 use super::pacing::Pacer;
 use super::skeleton::MAP_AFFINITY;
-use super::tables::{family_name, Ruleset, TABLE};
+use super::tables::{family_name, Ruleset, Table, TABLE};
 use super::wire::{CommitError, EncodeError};
 use crate::backend::{BackendError, Subscribe, WaitForChange};
 use crate::model::IpFamily;
@@ -511,6 +511,8 @@ pub struct FakeNft {
     pub unseen: Vec<u32>,
     /// Keys looked up so far.
     pub looked_up: usize,
+    /// Elements read back by background reads so far.
+    pub elements_read: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl FakeNft {
@@ -612,7 +614,13 @@ impl NftExecutor for FakeNft {
         let mut fake = self.clone();
         let read = fake.read_without(&|f, name| unread.contains(&(f, name.to_string())));
         let generation = self.generation;
-        Some(Box::new(move || Ok((read?, Some(generation)))))
+        let counted = self.elements_read.clone();
+        Some(Box::new(move || {
+            let read = read?;
+            let n = read.tables.values().map(Table::element_count).sum();
+            counted.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            Ok((read, Some(generation)))
+        }))
     }
 
     fn look_up(

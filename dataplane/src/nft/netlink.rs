@@ -200,7 +200,12 @@ impl Reader {
                     .get(num as usize)
                     .copied()
                     .unwrap_or("unknown");
-                format!("type {kind} hook {hook} priority {prio}; policy accept;")
+                // NF_DROP is 0; the other base-chain policy, accept, is 1.
+                let policy = match find(&body, NFTA_CHAIN_POLICY).and_then(be32) {
+                    Some(0) => "drop",
+                    _ => "accept",
+                };
+                format!("type {kind} hook {hook} priority {prio}; policy {policy};")
             });
             table.chains.insert(
                 name,

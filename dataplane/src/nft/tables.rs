@@ -74,11 +74,13 @@ impl Chain {
         }
     }
 
-    /// Whether `other` (typically read from the kernel) holds the same rules.
+    /// Whether `other` (typically read from the kernel) holds the same rules, under the same
+    /// hook, priority and policy. Rules read back carry no text: the first one's fingerprint
+    /// and their count stand for them.
     pub fn same_as(&self, other: &Chain) -> bool {
         self.fingerprint == other.fingerprint
             && self.rules.len() == other.rules.len()
-            && self.hook.is_some() == other.hook.is_some()
+            && self.hook == other.hook
     }
 }
 
@@ -132,5 +134,11 @@ mod tests {
         let b = Chain::new(None, vec!["jump y".into()]);
         assert!(!a.same_as(&b));
         assert!(a.same_as(&a.clone()));
+        let base = |policy: &str| {
+            let hook = format!("type nat hook prerouting priority -100; policy {policy};");
+            Chain::new(Some(hook), vec!["jump x".into()])
+        };
+        assert!(base("accept").same_as(&base("accept")));
+        assert!(!base("accept").same_as(&base("drop")), "a policy changed");
     }
 }

@@ -285,6 +285,51 @@ fn kernel_drift_is_repaired_by_a_full_sync() {
     );
 }
 
+/// Someone sets a policy of drop on one of our base chains: the check names the chain and
+/// the repair makes it anew with ours (a flush would keep theirs), its rules and all.
+#[test]
+fn a_base_chain_policy_someone_changed_is_put_back() {
+    let mut be = NftBackend::new(FakeNft::default());
+    let s = snapshot(vec![(port("a", "b", "172.30.0.1", 80), vec!["10.0.0.1"])]);
+    be.sync(&s, Scope::AllServices).unwrap();
+    let want = be.executor().state.clone();
+    let ours = want.table(IpFamily::V4).unwrap().chains["filter-forward"].clone();
+    let hook = ours.hook.clone().expect("a base chain");
+    assert!(hook.ends_with("policy accept;"), "{hook}");
+    be.exec.foreign(|rs| {
+        let chain = rs
+            .tables
+            .get_mut(&IpFamily::V4)
+            .unwrap()
+            .chains
+            .get_mut("filter-forward");
+        chain.unwrap().hook = Some(hook.replace("policy accept;", "policy drop;"));
+    });
+    let read = be.begin_check().expect("a check")().expect("a read");
+    assert!(be.finish_check(read));
+    assert_eq!(
+        steps(&mut be),
+        [format!(
+            "{} chain filter-forward: rules changed",
+            IpFamily::V4
+        )]
+    );
+    be.sync(&s, Scope::RepairAll).unwrap();
+    let tx = be.exec.last.clone().expect("the repair");
+    let made_anew: Vec<&Op> = tx
+        .ops
+        .iter()
+        .filter(|op| {
+            matches!(op, Op::DeleteChain { name, .. } | Op::AddChain { name, .. } if name == "filter-forward")
+        })
+        .collect();
+    assert!(
+        matches!(made_anew[..], [Op::DeleteChain { .. }, Op::AddChain { hook: Some(h), .. }] if *h == hook),
+        "{made_anew:?}"
+    );
+    assert_eq!(be.executor().state, want);
+}
+
 /// A read that overlapped commits can miss elements that never moved, the same ones in a
 /// second read too; each element such a read finds different is looked up again, and only
 /// what the kernel still lacks counts, at once.

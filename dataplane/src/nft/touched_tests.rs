@@ -1,5 +1,6 @@
-//! Checks after someone else changed only elements of our sets: the change listener named
-//! them, and the check looks up just those instead of reading our tables back.
+//! Checks after someone else changed only elements, chains or rules of our table: the
+//! change listener named the elements, and the check looks up just those (and reads our
+//! chains and rules back without any element) instead of reading our tables back.
 
 use super::generations::TouchedKey;
 use super::kernel::FakeNft;
@@ -9,6 +10,13 @@ use super::tests::{backends_mut, first_backend, port, snapshot, steps};
 use super::NftBackend;
 use crate::backend::{Backend, Scope};
 use crate::model::IpFamily;
+
+/// Elements the fake's background reads read back so far.
+fn elements_read(be: &NftBackend<FakeNft>) -> usize {
+    be.exec
+        .elements_read
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
 
 fn key(set: &str, key: &str) -> TouchedKey {
     (IpFamily::V4, set.to_string(), key.to_string())
@@ -117,6 +125,7 @@ fn a_check_after_others_touched_chains_or_rules_reads_back_no_elements() {
     be.exec.foreign_rules(Vec::new(), |_| {});
     assert!(!be.kernel_unchanged());
     assert_eq!(check(&mut be), (true, 0, vec![]));
+    assert_eq!(elements_read(&be), 0);
     assert!(be.kernel_unchanged(), "their batch is settled by the check");
 
     // A chain and one of our elements in one batch: the element's lookup finds it gone.
@@ -143,6 +152,7 @@ fn a_check_after_others_touched_chains_or_rules_reads_back_no_elements() {
     let (by_lookup, looked_up, found) = check(&mut be);
     assert!(by_lookup);
     assert_eq!(looked_up, 0);
+    assert_eq!(elements_read(&be), 0);
     assert_eq!(
         found,
         [
@@ -153,4 +163,39 @@ fn a_check_after_others_touched_chains_or_rules_reads_back_no_elements() {
     assert!(be.sync(&s, Scope::RepairAll).unwrap().drift);
     assert!(be.kernel_unchanged());
     assert_eq!(check(&mut be), (false, 0, vec![]), "nothing is held back");
+}
+
+/// Our own commit writes a chain while the check of their chain changes runs: the comparison
+/// leaves that chain out, so the check vouches for nothing and asks for another read; the
+/// next one, with nothing of ours meanwhile, settles their batch.
+#[test]
+fn a_check_of_their_chains_that_overlapped_our_chain_writes_reads_again() {
+    let mut be = NftBackend::new(FakeNft::default());
+    let one = (port("a", "b", "172.30.0.1", 80), vec!["10.0.0.1"]);
+    be.sync(&snapshot(vec![one.clone()]), Scope::AllServices)
+        .unwrap();
+    // Theirs: a chain, perhaps named as one of ours will be.
+    be.exec.foreign_rules(Vec::new(), |_| {});
+    let read = be.begin_check().expect("a check")().expect("its background work");
+    assert!(be.finish_check(read));
+    assert!(be.checking_by_lookup());
+    // Ours, before the comparison: a service with two endpoints needs a chain of its own.
+    let two = (
+        port("c", "d", "172.30.0.2", 80),
+        vec!["10.0.0.2", "10.0.0.3"],
+    );
+    let s = snapshot(vec![one, two]);
+    be.sync(&s, Scope::AllServices).unwrap();
+    let result = loop {
+        match be.check_step(std::time::Duration::ZERO) {
+            Some(Ok(crate::backend::CheckStep::More)) => continue,
+            Some(Ok(crate::backend::CheckStep::Done(r))) => break r,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(result.differences, [super::checking::OVERLAPPED]);
+    assert!(!result.consistent);
+    assert!(!be.kernel_unchanged(), "their batch is not vouched for");
+    assert_eq!(check(&mut be), (true, 0, vec![]));
+    assert!(be.kernel_unchanged());
 }
