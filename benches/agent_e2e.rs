@@ -7,7 +7,8 @@
 //! SY_BENCH_RATE changes per second (100), SY_BENCH_SECONDS (60), SY_BENCH_MIN_SYNC (1ms),
 //! SY_BENCH_SYNC_PERIOD (30s), SY_BENCH_FOREIGN (0; 1: another program commits to nftables
 //! every second; 2: to our table, an element added and deleted, which the agent looks up; 3:
-//! to our table, a chain added and deleted, which the agent reads back), SY_BENCH_BIN (another
+//! to our table, a chain added and deleted, which the agent checks without reading elements;
+//! 4: a set added and deleted, which the agent reads back), SY_BENCH_BIN (another
 //! agent binary, to compare two builds in one session), SY_BENCH_LOG (the agent's
 //! `--log-level`, warn).
 
@@ -68,7 +69,7 @@ fn main() {
     let sync_period: String = env_or("SY_BENCH_SYNC_PERIOD", "30s".to_string());
     // 1: someone else's commits to a table of their own; 2: to ours, changing nothing (an
     // element added and deleted in one commit), so that every one is checked; 3: to ours,
-    // a chain added and deleted in one commit, so that every one is read back.
+    // a chain added and deleted in one commit; 4: a set, so that every one is read back.
     let foreign: u8 = env_or("SY_BENCH_FOREIGN", 0u8);
     let log_level: String = env_or("SY_BENCH_LOG", "warn".to_string());
     let bin: String = env_or("SY_BENCH_BIN", env!("CARGO_BIN_EXE_switchyard").to_string());
@@ -138,6 +139,7 @@ fn main() {
                 let command = match foreign {
                     1 => format!("{verb} table ip someone-else"),
                     3 => "add chain ip switchyard someone-elses; delete chain ip switchyard someone-elses".to_string(),
+                    4 => "add set ip switchyard someone-elses { type ipv4_addr; }; delete set ip switchyard someone-elses".to_string(),
                     _ => "add element ip switchyard cluster-ips { 192.0.2.1 }; delete element ip switchyard cluster-ips { 192.0.2.1 }".to_string(),
                 };
                 let _ = std::process::Command::new("ip")
@@ -218,6 +220,7 @@ fn main() {
             0 => "",
             1 => ", a foreign nftables commit every second",
             3 => ", a foreign nftables commit to our table (a chain added and deleted) every second",
+            4 => ", a foreign nftables commit to our table (a set added and deleted) every second",
             _ => ", a foreign nftables commit to our table (changing nothing) every second",
         }
     );
