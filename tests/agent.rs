@@ -1633,8 +1633,8 @@ fn checked_by_lookup_with_nothing_to_repair(agent: &Agent, command: &str) {
 /// Another program adds a chain to our table and deletes it in one batch: the check its
 /// notification sets off reads back our chains and rules without any set's elements
 /// (counted as a lookup check; no read) and finds nothing to repair. A rule it then adds to
-/// one of our chains, and a policy it sets on one of our base chains, are found the same
-/// way and undone by the repair.
+/// one of our chains, a policy it sets on one of our base chains and a rule of ours it
+/// replaces are found the same way and undone by the repair.
 #[test]
 fn another_programs_chain_changes_are_checked_without_reading_elements() {
     let Some((_dir, mut agent)) = agent_after_first_sync("chains", Vec::new()) else {
@@ -1698,6 +1698,43 @@ fn another_programs_chain_changes_are_checked_without_reading_elements() {
     let log = agent.log();
     assert!(log.contains("chain filter-forward: rules changed"), "{log}");
     assert_eq!(checks(&agent, "read"), reads, "{log}");
+
+    // A rule of ours, not the first, replaced by one of theirs: the count and the first
+    // rule stay, their rule lacks our fingerprint.
+    let nft = |args: &[&str]| {
+        let mut all = vec!["netns", "exec", &agent.ns, "nft"];
+        all.extend_from_slice(args);
+        let out = netns::run("ip", &all, None, netns::CMD_TIMEOUT);
+        assert!(out.success(), "{}", out.transcript());
+        out.stdout
+    };
+    let listed = nft(&["-a", "list", "chain", "ip", "switchyard", "filter-forward"]);
+    let handle = listed
+        .lines()
+        .filter(|l| l.contains("jump") && l.contains("# handle "))
+        .nth(1)
+        .and_then(|l| l.rsplit("# handle ").next())
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|| panic!("no second rule in\n{listed}"));
+    const THEIRS: &str = "0x00005a5b";
+    let replace = format!(
+        "replace rule ip switchyard filter-forward handle {handle} meta mark 0x5a5b accept"
+    );
+    // Its success says our rule was there to replace; the agent may undo it before anyone
+    // could list it.
+    nft(&[replace.as_str()]);
+    agent.wait_metric("switchyard_drift_repairs_total", 3.0);
+    let t0 = Instant::now();
+    while agent.ruleset().contains(THEIRS) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "their rule still there after 5 s\n{}\nagent log:\n{}",
+            agent.ruleset(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(checks(&agent, "read"), reads, "{}", agent.log());
     assert!(agent.terminate().success(), "{}", agent.log());
 }
 

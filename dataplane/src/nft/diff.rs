@@ -284,19 +284,14 @@ fn write_op(out: &mut String, op: &Op) {
     }
 }
 
-/// The rules of a chain as written: the first one carries the chain's fingerprint.
+/// The rules of a chain as written: each carries the chain's fingerprint, so that a rule of
+/// someone else's among ours (one replaced, or one deleted and another added) shows when
+/// the chain is read back ([`super::tables::Chain::read_rule`]).
 pub fn rules_with_fingerprint(chain: &Chain) -> Vec<String> {
     chain
         .rules
         .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            if i == 0 {
-                format!("{r} comment \"{}\"", chain.fingerprint)
-            } else {
-                r.clone()
-            }
-        })
+        .map(|r| format!("{r} comment \"{}\"", chain.fingerprint))
         .collect()
 }
 
@@ -637,14 +632,11 @@ fn apply_op(rs: &mut Ruleset, op: &Op) -> Result<(), ApplyError> {
                 .chains
                 .get_mut(chain)
                 .ok_or_else(|| ApplyError(format!("add rule {chain}: no such chain")))?;
-            if c.rules.is_empty() {
-                if let Some((text, fp)) = rule.rsplit_once(" comment \"") {
-                    c.fingerprint = fp.trim_end_matches('"').to_string();
-                    c.rules.push(text.to_string());
-                    return Ok(());
-                }
-            }
-            c.rules.push(rule.clone());
+            let (text, comment) = match rule.rsplit_once(" comment \"") {
+                Some((text, fp)) => (text, fp.trim_end_matches('"')),
+                None => (rule.as_str(), ""),
+            };
+            c.push_rule(text.to_string(), comment);
         }
         Op::DeleteChain { family, name } => {
             let t = table_mut(rs, *family)?;

@@ -3,7 +3,7 @@
 //! The nftables crate (0.6.3) cannot parse a listing that holds a named verdict map, so the
 //! JSON is walked here with serde_json. Only what the diff needs is read: set fingerprints
 //! (from set comments) and elements in canonical text, chains' hooks, rule counts and the
-//! fingerprint comment of their first rule.
+//! fingerprint comments of their rules.
 
 use super::tables::{Chain, Set, Table};
 use serde_json::Value;
@@ -136,14 +136,7 @@ pub fn parse_table(json: &str) -> Result<Table, ListingError> {
             let Some(c) = table.chains.get_mut(chain) else {
                 return Err(ListingError(format!("rule of unknown chain {chain}")));
             };
-            if c.rules.is_empty() {
-                c.fingerprint = r
-                    .get("comment")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-            }
-            c.rules.push(String::new());
+            c.read_rule(r.get("comment").and_then(Value::as_str).unwrap_or_default());
         }
     }
     Ok(table)
@@ -162,7 +155,7 @@ mod tests {
       {"chain": {"family": "ip", "table": "switchyard", "name": "cluster-2", "handle": 1}},
       {"chain": {"family": "ip", "table": "switchyard", "name": "nat-prerouting", "handle": 2, "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}},
       {"rule": {"family": "ip", "table": "switchyard", "chain": "cluster-2", "handle": 8, "comment": "sy:abc", "expr": []}},
-      {"rule": {"family": "ip", "table": "switchyard", "chain": "cluster-2", "handle": 9, "expr": []}}]}"#;
+      {"rule": {"family": "ip", "table": "switchyard", "chain": "cluster-2", "handle": 9, "comment": "sy:abc", "expr": []}}]}"#;
 
     #[test]
     fn listing_becomes_canonical_state() {
@@ -182,6 +175,20 @@ mod tests {
         assert_eq!(cidrs, ["172.30.0.0/16", "192.168.0.2"]);
         assert_eq!(t.chains["cluster-2"].rules.len(), 2);
         assert_eq!(t.chains["cluster-2"].fingerprint, "sy:abc");
+        // A later rule without our comment (someone else's, in place of ours) leaves the
+        // chain matching nothing we write.
+        let mixed = parse_table(
+            &LISTING.replace(r#""handle": 9, "comment": "sy:abc", "#, r#""handle": 9, "#),
+        )
+        .unwrap();
+        assert_eq!(mixed.chains["cluster-2"].rules.len(), 2);
+        let ours = Chain {
+            fingerprint: "sy:abc".into(),
+            rules: vec![String::new(); 2],
+            hook: None,
+        };
+        assert!(ours.same_as(&t.chains["cluster-2"]));
+        assert!(!ours.same_as(&mixed.chains["cluster-2"]));
         assert_eq!(
             t.chains["nat-prerouting"].hook.as_deref(),
             Some("type nat hook prerouting priority -100; policy accept;")

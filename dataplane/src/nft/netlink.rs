@@ -224,12 +224,10 @@ impl Reader {
                 let detail = format!("rule of unknown chain {chain}");
                 return Err(self.socket.malformed(&what("rules"), &detail));
             };
-            if c.rules.is_empty() {
-                c.fingerprint = find(&body, NFTA_RULE_USERDATA)
-                    .map(|d| udata_comment(d, UDATA_RULE_COMMENT))
-                    .unwrap_or_default();
-            }
-            c.rules.push(String::new());
+            let comment = find(&body, NFTA_RULE_USERDATA)
+                .map(|d| udata_comment(d, UDATA_RULE_COMMENT))
+                .unwrap_or_default();
+            c.read_rule(&comment);
         }
         Ok(Some(table))
     }

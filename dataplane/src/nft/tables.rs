@@ -2,7 +2,7 @@
 //!
 //! Elements are kept as nft's canonical text (`172.30.0.41 . tcp . 80`), so a state rendered
 //! from a snapshot and a state read back from the kernel compare directly. Chains are compared
-//! by a fingerprint carried in the first rule's comment plus the rule count, because nft 1.0.6
+//! by a fingerprint carried in every rule's comment plus the rule count, because nft 1.0.6
 //! cannot give chain comments back through JSON and rule text is not round-trippable.
 
 use super::elements::Elements;
@@ -74,9 +74,26 @@ impl Chain {
         }
     }
 
+    /// One more rule read back, with `comment`: the first one's is the chain's fingerprint,
+    /// and a later one with another (not ours, or not written with this chain) leaves the
+    /// chain matching nothing we write.
+    pub fn read_rule(&mut self, comment: &str) {
+        self.push_rule(String::new(), comment);
+    }
+
+    /// [`Self::read_rule`], keeping the rule's `text`.
+    pub fn push_rule(&mut self, text: String, comment: &str) {
+        if self.rules.is_empty() {
+            self.fingerprint = comment.to_string();
+        } else if comment != self.fingerprint {
+            self.fingerprint = MIXED.to_string();
+        }
+        self.rules.push(text);
+    }
+
     /// Whether `other` (typically read from the kernel) holds the same rules, under the same
-    /// hook, priority and policy. Rules read back carry no text: the first one's fingerprint
-    /// and their count stand for them.
+    /// hook, priority and policy. Rules read back carry no text: their count and the
+    /// fingerprint each carries stand for them.
     pub fn same_as(&self, other: &Chain) -> bool {
         self.fingerprint == other.fingerprint
             && self.rules.len() == other.rules.len()
@@ -108,6 +125,10 @@ impl Ruleset {
         self.tables.get(&family)
     }
 }
+
+/// The fingerprint of a chain read back whose rules carry different ones: no chain we write
+/// has it.
+const MIXED: &str = "rules of more than one fingerprint";
 
 /// A stable 64-bit FNV-1a fingerprint, printed as `sy:<16 hex digits>`.
 ///
