@@ -260,6 +260,9 @@ pub struct CheckResult {
     pub differences: Vec<String>,
     /// No commit (ours or anyone's) overlapped the read, so what it misses really is gone.
     pub consistent: bool,
+    /// Our own commits meanwhile wrote what the check compares, so it vouches for nothing
+    /// (and finds nothing): look again.
+    pub overlapped: bool,
 }
 
 impl CheckResult {

@@ -237,6 +237,21 @@ impl Agent {
 
     /// What a check found: nothing, differences to repair, or differences to confirm first.
     fn judge(&mut self, check: CheckResult) {
+        if check.overlapped {
+            // Once only, as for a read that overlapped: under steady churn of our chains
+            // every check might; the next periodic check or foreign commit looks again.
+            if std::mem::take(&mut self.overlapped_once) {
+                tracing::debug!(
+                    "periodic check: our own commits overlapped it twice; looking again at the next one"
+                );
+            } else {
+                tracing::debug!("periodic check: our own commits overlapped it; looking again");
+                self.overlapped_once = true;
+                self.start_check(Instant::now());
+            }
+            return;
+        }
+        self.overlapped_once = false;
         if check.differences.is_empty() {
             self.suspect.clear();
             tracing::debug!("periodic check: the kernel holds what was programmed");

@@ -185,6 +185,7 @@ async fn run_async(
         stepping: None,
         seen_while_checking: false,
         suspect: BTreeSet::new(),
+        overlapped_once: false,
         leftovers: Some(cfg.mode),
     };
     let (tx, mut rx) = mpsc::channel::<Arrival>(4096);
@@ -296,6 +297,9 @@ struct Agent {
     seen_while_checking: bool,
     /// Differences the last check found in a read that overlapped commits, to confirm.
     suspect: BTreeSet<String>,
+    /// The last check of what others changed vouched for nothing: our own commits overlapped
+    /// it (`dataplane::backend::CheckResult::overlapped`); it was looked at again once.
+    overlapped_once: bool,
     service_health: service_health::Servers,
     /// The UDP front ends as of the last conntrack cleanup.
     udp_frontends: UdpFrontends,

@@ -164,6 +164,7 @@ fn rig() -> Rig {
         stepping: None,
         seen_while_checking: false,
         suspect: BTreeSet::new(),
+        overlapped_once: false,
         udp_frontends: UdpFrontends::default(),
         conntrack_failed: false,
         conntrack: Box::new(move || {
@@ -350,6 +351,7 @@ async fn a_check_goes_on_in_steps_while_syncs_go_on() {
     let found = |lines: &[&str]| CheckResult {
         differences: lines.iter().map(|s| s.to_string()).collect(),
         consistent: true,
+        ..CheckResult::default()
     };
     let begin = |r: &mut Rig, steps: Vec<CheckStep>| {
         let mut s = r.script.lock().unwrap();
@@ -438,6 +440,38 @@ async fn a_check_someone_elses_commit_starts_reads_once_that_commit_has_settled(
     assert_eq!(started, asked);
 }
 
+/// A check our own commits overlapped vouches for nothing and finds nothing: the agent looks
+/// again once, and twice overlapped it waits for the next check. Never a repair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_our_commits_overlapped_is_looked_at_again_once_and_repairs_nothing() {
+    let mut r = rig();
+    r.agent.record(service("web", "10.96.0.20", "TCP"));
+    r.agent.sync();
+    let overlapped = CheckResult {
+        overlapped: true,
+        ..CheckResult::default()
+    };
+    r.script.lock().unwrap().check = Some(overlapped.clone());
+    r.agent.start_check(Instant::now());
+    r.deliver_check().await;
+    assert_eq!(r.script.lock().unwrap().checks_begun, 2, "looked at again");
+    r.deliver_check().await;
+    assert_eq!(r.script.lock().unwrap().checks_begun, 2, "not a third time");
+    assert!(!r.agent.checking);
+    assert!(!r.agent.schedule.full_required());
+    assert!(r.agent.suspect.is_empty());
+    // A check that ends otherwise starts the count again.
+    r.script.lock().unwrap().check = Some(CheckResult::default());
+    r.agent.start_check(Instant::now());
+    r.deliver_check().await;
+    r.script.lock().unwrap().check = Some(overlapped);
+    r.agent.start_check(Instant::now());
+    r.deliver_check().await;
+    assert_eq!(r.script.lock().unwrap().checks_begun, 5);
+    r.agent.sync();
+    assert_eq!(r.scopes(), ["full", "nothing"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drift_seen_by_an_overlapping_read_is_confirmed_by_a_second_one() {
     let mut r = rig();
@@ -446,6 +480,7 @@ async fn drift_seen_by_an_overlapping_read_is_confirmed_by_a_second_one() {
     let found = |lines: &[&str], consistent| CheckResult {
         differences: lines.iter().map(|s| s.to_string()).collect(),
         consistent,
+        ..CheckResult::default()
     };
 
     // A read that overlapped commits finds an element missing: read again, no repair yet.

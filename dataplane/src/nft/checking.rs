@@ -242,18 +242,13 @@ impl<E: NftExecutor> NftBackend<E> {
                     else {
                         break Some(Outcome::More);
                     };
-                    if check.since.is_some() && (recent.tables || !recent.chains.is_empty()) {
-                        // Our commits since the read wrote a table, a set's declaration or a
-                        // chain: the comparison left those out, so it vouches for none of
-                        // their batches. A chain of ours created over one of theirs keeps
-                        // their rules (no NLM_F_EXCL). Read again, as after any read that
-                        // overlapped commits.
-                        self.verifying = None;
-                        break Some(Outcome::Done(CheckResult {
-                            differences: vec![OVERLAPPED.to_string()],
-                            consistent: false,
-                        }));
-                    }
+                    // Our commits since the read wrote a table, a set's declaration or a
+                    // chain: the comparison left those out, so a check of what others did
+                    // vouches for none of their batches (a chain of ours created over one
+                    // of theirs keeps their rules: no NLM_F_EXCL). The agent looks again,
+                    // unless what was compared differs anyway.
+                    let overlapped =
+                        check.since.is_some() && (recent.tables || !recent.chains.is_empty());
                     // A read of our chains and rules alone says nothing of the elements.
                     if found.is_empty() && consistent && recent.is_empty() && check.since.is_none()
                     {
@@ -268,6 +263,13 @@ impl<E: NftExecutor> NftBackend<E> {
                         break Some(Outcome::Done(CheckResult {
                             differences,
                             consistent,
+                            ..CheckResult::default()
+                        }));
+                    }
+                    if overlapped {
+                        break Some(Outcome::Done(CheckResult {
+                            overlapped: true,
+                            ..CheckResult::default()
                         }));
                     }
                     let (mut keys, mut others) = (std::mem::take(&mut check.touched), Vec::new());
@@ -310,6 +312,7 @@ impl<E: NftExecutor> NftBackend<E> {
                         break Some(Outcome::Done(CheckResult {
                             differences,
                             consistent: true,
+                            ..CheckResult::default()
                         }));
                     }
                     if let (Some(held), Some(to)) = (check.since, check.generation) {
@@ -321,6 +324,7 @@ impl<E: NftExecutor> NftBackend<E> {
                         break Some(Outcome::Done(CheckResult {
                             differences: std::mem::take(others),
                             consistent: false,
+                            ..CheckResult::default()
                         }));
                     }
                     let left_out = unread(&check.kernel);
@@ -330,6 +334,7 @@ impl<E: NftExecutor> NftBackend<E> {
                         break Some(Outcome::Done(CheckResult {
                             differences: Vec::new(),
                             consistent,
+                            ..CheckResult::default()
                         }));
                     }
                     check.phase = Phase::LookingUp(lookups::Lookups::new(left_out));
@@ -354,6 +359,7 @@ impl<E: NftExecutor> NftBackend<E> {
                             Outcome::Done(CheckResult {
                                 differences,
                                 consistent: true,
+                                ..CheckResult::default()
                             })
                         }
                         Err(e) => {
@@ -387,12 +393,6 @@ impl<E: NftExecutor> NftBackend<E> {
         }
     }
 }
-
-/// What a check of others' chain and rule changes reports when our own commits meanwhile
-/// touched what it compares: the agent reads again to confirm, as after a read that
-/// overlapped commits.
-pub(super) const OVERLAPPED: &str =
-    "our chains and rules, compared while our own commits rewrote some: reading again";
 
 /// Every set of `committed`: a read of our chains and rules leaves out all their elements.
 fn every_set(committed: &Ruleset) -> Unread {

@@ -408,10 +408,7 @@ fn update_table(tx: &mut Transaction, family: IpFamily, old: &Table, new: &Table
             // and the kernel refuses another hook or priority for a chain. Nothing jumps
             // to a base chain.
             Some(o) if o.hook.is_some() && chain.hook.is_some() && o.hook != chain.hook => {
-                tx.ops.push(Op::DeleteChain {
-                    family,
-                    name: name.clone(),
-                });
+                remove_chain(tx, family, name);
                 tx.ops.push(Op::AddChain {
                     family,
                     name: name.clone(),

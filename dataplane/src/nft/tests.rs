@@ -320,11 +320,11 @@ fn a_base_chain_policy_someone_changed_is_put_back() {
         .ops
         .iter()
         .filter(|op| {
-            matches!(op, Op::DeleteChain { name, .. } | Op::AddChain { name, .. } if name == "filter-forward")
+            matches!(op, Op::FlushChain { family: IpFamily::V4, name } | Op::DeleteChain { family: IpFamily::V4, name } | Op::AddChain { family: IpFamily::V4, name, .. } if name == "filter-forward")
         })
         .collect();
     assert!(
-        matches!(made_anew[..], [Op::DeleteChain { .. }, Op::AddChain { hook: Some(h), .. }] if *h == hook),
+        matches!(made_anew[..], [Op::FlushChain { .. }, Op::DeleteChain { .. }, Op::AddChain { hook: Some(h), .. }] if *h == hook),
         "{made_anew:?}"
     );
     assert_eq!(be.executor().state, want);
