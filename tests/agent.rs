@@ -1646,69 +1646,59 @@ fn another_programs_chain_changes_are_checked_without_reading_elements() {
         "add chain ip switchyard someone-elses; delete chain ip switchyard someone-elses",
     );
 
-    // A rule of theirs in our services chain.
-    const MARK: &str = "0x00005a5a";
-    assert!(!agent.ruleset().contains(MARK));
-    let lookups = checks(&agent, "lookup");
-    let args = [
-        "netns",
-        "exec",
-        &agent.ns,
-        "nft",
-        "add rule ip switchyard services meta mark 0x5a5a counter",
-    ];
-    let out = netns::run("ip", &args, None, netns::CMD_TIMEOUT);
-    assert!(out.success(), "{}", out.transcript());
-    agent.wait_metric("switchyard_drift_repairs_total", 1.0);
-    let t0 = Instant::now();
-    while agent.ruleset().contains(MARK) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "their rule still there after 5 s\nagent log:\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let log = agent.log();
-    assert!(log.contains("chain services: rules changed"), "{log}");
-    assert!(checks(&agent, "lookup") > lookups, "{log}");
-    assert_eq!(checks(&agent, "read"), reads, "{log}");
-
-    // A policy of theirs on one of our base chains, which would drop what no rule accepts.
-    let args = [
-        "netns",
-        "exec",
-        &agent.ns,
-        "nft",
-        "chain ip switchyard filter-forward { policy drop; }",
-    ];
-    let out = netns::run("ip", &args, None, netns::CMD_TIMEOUT);
-    assert!(out.success(), "{}", out.transcript());
-    agent.wait_metric("switchyard_drift_repairs_total", 2.0);
-    let t0 = Instant::now();
-    while agent.ruleset().contains("policy drop") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "their policy still there after 5 s\n{}\nagent log:\n{}",
-            agent.ruleset(),
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let log = agent.log();
-    assert!(log.contains("chain filter-forward: rules changed"), "{log}");
-    assert_eq!(checks(&agent, "read"), reads, "{log}");
-
-    // A rule of ours, not the first, replaced by one of theirs: the count and the first
-    // rule stay, their rule lacks our fingerprint.
-    let nft = |args: &[&str]| {
-        let mut all = vec!["netns", "exec", &agent.ns, "nft"];
-        all.extend_from_slice(args);
-        let out = netns::run("ip", &all, None, netns::CMD_TIMEOUT);
+    let nft = |command: &str| {
+        let args = ["netns", "exec", &agent.ns, "nft", command];
+        let out = netns::run("ip", &args, None, netns::CMD_TIMEOUT);
         assert!(out.success(), "{}", out.transcript());
         out.stdout
     };
-    let listed = nft(&["-a", "list", "chain", "ip", "switchyard", "filter-forward"]);
+    // Someone's `command` undone by the agent's `repairs`th repair: `theirs` gone from our
+    // table within 5 s, found by a check that read back no element.
+    let undone = |command: &str, repairs: f64, theirs: &str| {
+        assert!(!agent.ruleset().contains(theirs));
+        let lookups = checks(&agent, "lookup");
+        // Its success says what it changed was there; the agent may undo it before anyone
+        // could list it.
+        nft(command);
+        agent.wait_metric("switchyard_drift_repairs_total", repairs);
+        let t0 = Instant::now();
+        while agent.ruleset().contains(theirs) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "{theirs} still there after 5 s\n{}\nagent log:\n{}",
+                agent.ruleset(),
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(checks(&agent, "lookup") > lookups, "{}", agent.log());
+        assert_eq!(checks(&agent, "read"), reads, "{}", agent.log());
+    };
+
+    // A rule of theirs in our services chain.
+    undone(
+        "add rule ip switchyard services meta mark 0x5a5a counter",
+        1.0,
+        "0x00005a5a",
+    );
+    assert!(agent.log().contains("chain services: rules changed"));
+    // A policy of theirs on one of our base chains, which would drop what no rule accepts.
+    undone(
+        "chain ip switchyard filter-forward { policy drop; }",
+        2.0,
+        "policy drop",
+    );
+    assert!(agent.log().contains("chain filter-forward: rules changed"));
+    // A rule of ours, not the first, replaced by one of theirs: the count and the first
+    // rule stay, their rule lacks our fingerprint.
+    let listed = {
+        let chain = ["list", "chain", "ip", "switchyard", "filter-forward"];
+        let mut args = vec!["netns", "exec", &agent.ns, "nft", "-a"];
+        args.extend_from_slice(&chain);
+        let out = netns::run("ip", &args, None, netns::CMD_TIMEOUT);
+        assert!(out.success(), "{}", out.transcript());
+        out.stdout
+    };
     let handle = listed
         .lines()
         .filter(|l| l.contains("jump") && l.contains("# handle "))
@@ -1716,24 +1706,13 @@ fn another_programs_chain_changes_are_checked_without_reading_elements() {
         .and_then(|l| l.rsplit("# handle ").next())
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|| panic!("no second rule in\n{listed}"));
-    const THEIRS: &str = "0x00005a5b";
-    let replace = format!(
-        "replace rule ip switchyard filter-forward handle {handle} meta mark 0x5a5b accept"
+    undone(
+        &format!(
+            "replace rule ip switchyard filter-forward handle {handle} meta mark 0x5a5b accept"
+        ),
+        3.0,
+        "0x00005a5b",
     );
-    // Its success says our rule was there to replace; the agent may undo it before anyone
-    // could list it.
-    nft(&[replace.as_str()]);
-    agent.wait_metric("switchyard_drift_repairs_total", 3.0);
-    let t0 = Instant::now();
-    while agent.ruleset().contains(THEIRS) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "their rule still there after 5 s\n{}\nagent log:\n{}",
-            agent.ruleset(),
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
     assert_eq!(checks(&agent, "read"), reads, "{}", agent.log());
     assert!(agent.terminate().success(), "{}", agent.log());
 }
