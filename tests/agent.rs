@@ -1646,9 +1646,10 @@ fn another_programs_chain_changes_are_checked_without_reading_elements() {
         "add chain ip switchyard someone-elses; delete chain ip switchyard someone-elses",
     );
 
-    let nft = |command: &str| {
-        let args = ["netns", "exec", &agent.ns, "nft", command];
-        let out = netns::run("ip", &args, None, netns::CMD_TIMEOUT);
+    let nft = |args: &[&str]| {
+        let mut all = vec!["netns", "exec", &agent.ns, "nft"];
+        all.extend_from_slice(args);
+        let out = netns::run("ip", &all, None, netns::CMD_TIMEOUT);
         assert!(out.success(), "{}", out.transcript());
         out.stdout
     };
@@ -1659,7 +1660,7 @@ fn another_programs_chain_changes_are_checked_without_reading_elements() {
         let lookups = checks(&agent, "lookup");
         // Its success says what it changed was there; the agent may undo it before anyone
         // could list it.
-        nft(command);
+        nft(&[command]);
         agent.wait_metric("switchyard_drift_repairs_total", repairs);
         let t0 = Instant::now();
         while agent.ruleset().contains(theirs) {
@@ -1691,14 +1692,7 @@ fn another_programs_chain_changes_are_checked_without_reading_elements() {
     assert!(agent.log().contains("chain filter-forward: rules changed"));
     // A rule of ours, not the first, replaced by one of theirs: the count and the first
     // rule stay, their rule lacks our fingerprint.
-    let listed = {
-        let chain = ["list", "chain", "ip", "switchyard", "filter-forward"];
-        let mut args = vec!["netns", "exec", &agent.ns, "nft", "-a"];
-        args.extend_from_slice(&chain);
-        let out = netns::run("ip", &args, None, netns::CMD_TIMEOUT);
-        assert!(out.success(), "{}", out.transcript());
-        out.stdout
-    };
+    let listed = nft(&["-a", "list", "chain", "ip", "switchyard", "filter-forward"]);
     let handle = listed
         .lines()
         .filter(|l| l.contains("jump") && l.contains("# handle "))
