@@ -429,8 +429,9 @@ pub fn load_each(path: &Path, each: &mut dyn FnMut(Object, String)) -> Result<()
 }
 
 /// Parse one file's text. JSON goes straight to serde_json (large `kubectl -o json` dumps parse
-/// several times faster and in a fraction of the memory); YAML through serde-saphyr, within
-/// [`yaml_options`]' limits, one document at a time.
+/// several times faster and in a fraction of the memory); YAML through the plain reader
+/// (`plain_yaml`) where it is plain block YAML, else serde-saphyr within [`yaml_options`]'
+/// limits, one document at a time.
 pub fn parse(text: &str, path: &Path) -> Result<Vec<Object>, ManifestError> {
     let mut objects = Vec::new();
     parse_each(text, path, &mut |o| objects.push(o))?;
@@ -457,14 +458,10 @@ fn parse_with(
     if is_json {
         return json::parse(text, path, printing, each);
     }
-    let objects = match printing {
-        true => parse_yaml::<true>(text, path, yaml_options())?,
-        false => parse_yaml::<false>(text, path, yaml_options())?,
-    };
-    for (o, print) in objects {
-        each(o, print);
+    match printing {
+        true => parse_yaml::<true>(text, path, yaml_options(), each),
+        false => parse_yaml::<false>(text, path, yaml_options(), each),
     }
-    Ok(())
 }
 
 fn str_at<'a>(v: &'a serde_json::Value, keys: &[&str]) -> Option<&'a str> {
@@ -579,6 +576,7 @@ fn decode_all(
 }
 
 mod json;
+mod plain_yaml;
 mod print;
 mod yaml;
 pub use print::Print;

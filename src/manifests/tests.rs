@@ -210,7 +210,11 @@ fn ten_thousand_services_parse_within_a_tenth_of_the_limits() {
     let sink = report.clone();
     let options = yaml_options().with_budget_report(move |r| *sink.borrow_mut() = Some(r));
     let t = std::time::Instant::now();
-    let objs = parse_yaml::<false>(&text, Path::new("dump.yaml"), options).unwrap();
+    // serde-saphyr's own path, whose budget this measures (plain YAML like this goes to
+    // the plain reader first).
+    let objs = super::yaml::saphyr::<false>(&text, Path::new("dump.yaml"), options)
+        .unwrap()
+        .objects;
     let took = t.elapsed();
     let mut m = Manifests::default();
     let mut seen = BTreeMap::new();
@@ -355,7 +359,7 @@ fn alias_bombs_and_deep_nesting_stop_at_the_limits() {
             .unwrap();
             let item = format!("kind: List\nitems:\n- {{kind: X, v: {}}}\n", nested(61));
             let path = Path::new("d.yaml");
-            parse_yaml::<true>(&item, path, yaml_options()).unwrap();
+            parse_yaml::<true>(&item, path, yaml_options(), &mut |_, _| {}).unwrap();
         })
         .unwrap()
         .join()
@@ -708,8 +712,9 @@ fn yaml_lists_decode_item_by_item_as_whole_documents_did() {
             Ok(objects) => format!("{objects:?}"),
             Err(e) => format!("error: {e}"),
         };
-        let streamed = parse_yaml::<false>(text, path, yaml_options())
-            .map(|objects| objects.into_iter().map(|(o, _)| o).collect());
+        let mut objects = Vec::new();
+        let streamed = parse_yaml::<false>(text, path, yaml_options(), &mut |o, _| objects.push(o))
+            .map(|()| objects);
         assert_eq!(
             fmt(streamed),
             fmt(parse_yaml_as_trees(text, path)),
@@ -718,4 +723,105 @@ fn yaml_lists_decode_item_by_item_as_whole_documents_did() {
     }
     let objects = parse(&inputs[0], Path::new("x.yaml")).unwrap();
     assert_eq!(objects.len(), 40, "20 Services and their slices");
+}
+
+/// Block YAML as kubectl prints it goes to the plain reader, which gives what serde-saphyr
+/// gives: the same objects in the same order, the same decode errors.
+#[test]
+fn plain_yaml_is_read_without_serde_saphyr_and_decodes_alike() {
+    let node = "- apiVersion: v1\n  kind: Node\n  metadata:\n    name: n1\n";
+    let bad = "- apiVersion: v1\n  kind: Service\n  metadata:\n    name: a\n    namespace: ns\n  spec:\n    ports:\n    - port: x\n";
+    let unknown = "- apiVersion: v1\n  kind: ConfigMap\n  metadata:\n    name: c\n";
+    let inputs = [
+        kubectl_list(20, 3),
+        format!("apiVersion: v1\nitems:\n{node}{unknown}kind: List\n"),
+        format!("kind: List\nitems:\n{bad}{node}"),
+        format!("items:\n{node}{bad}kind: List\n"),
+        format!("kind: ConfigMap\nitems:\n{node}"),
+        format!("items:\n{node}kind: ConfigMap\n"),
+        format!("items:\n{node}{node}"),
+        // After a bad object, later lists are read but not decoded, whichever comes first.
+        format!("kind: List\nitems:\n{bad}---\nkind: List\nitems:\n{node}---\nitems:\n{node}kind: List\n"),
+        "kind: ServiceList\nitems: []\n".to_string(),
+        "kind: ServiceList\nitems:\n".to_string(),
+        "kind: ServiceList\nitems: 7\n".to_string(),
+        format!(
+            "{}---\nkind: List\nitems:\n{node}---\n- 1\n",
+            kubectl_list(2, 1)
+        ),
+    ];
+    for text in &inputs {
+        let path = Path::new("x.yaml");
+        let fmt = |r: Result<super::yaml::Decoded<false>, ManifestError>| match r {
+            Ok(d) => format!(
+                "{:?} ignored {:?} error {:?}",
+                d.objects.into_iter().map(|(o, _)| o).collect::<Vec<_>>(),
+                d.ignored,
+                d.error.map(|e| (e.kind, e.name, e.field, e.message))
+            ),
+            Err(e) => format!("error: {e}"),
+        };
+        let mut handed = Vec::new();
+        let mut plain = super::plain_yaml::read::<false>(text, &mut |o, p| handed.push((o, p)))
+            .unwrap_or_else(|b| {
+                panic!("{text}: left to serde-saphyr at line {}: {}", b.line, b.why)
+            });
+        assert!(
+            plain.objects.is_empty(),
+            "objects kept rather than handed on"
+        );
+        plain.objects = handed;
+        assert_eq!(
+            fmt(Ok(plain)),
+            fmt(super::yaml::saphyr::<false>(text, path, yaml_options())),
+            "{text}"
+        );
+    }
+    let objects = parse(&inputs[0], Path::new("x.yaml")).unwrap();
+    assert_eq!(objects.len(), 40, "20 Services and their slices");
+}
+
+/// Where the plain reader gives up part way, serde-saphyr reads the file and the objects the
+/// plain reader had handed on are not handed on again; a list whose kind comes after its
+/// items hands on nothing before all of them have been read.
+#[test]
+fn yaml_the_plain_reader_gives_up_on_is_read_once_by_serde_saphyr() {
+    let node = |n: usize| format!("- apiVersion: v1\n  kind: Node\n  metadata:\n    name: n{n}\n");
+    let flow = "- {apiVersion: v1, kind: Node, metadata: {name: flow}}\n";
+    let names = |text: &str| {
+        let mut names = Vec::new();
+        let mut calls = 0;
+        let plain = super::plain_yaml::read::<false>(text, &mut |_, _| calls += 1);
+        parse_yaml::<false>(text, Path::new("x.yaml"), yaml_options(), &mut |o, _| {
+            names.push(identity(&o).2)
+        })
+        .unwrap();
+        (names, calls, plain.is_err())
+    };
+    // Kind first: the items before the flow one are handed on by the plain reader.
+    let (got, by_plain, gave_up) = names(&format!(
+        "kind: List\nitems:\n{}{}{flow}{}",
+        node(1),
+        node(2),
+        node(3)
+    ));
+    assert!(gave_up);
+    assert_eq!(by_plain, 2);
+    assert_eq!(
+        got,
+        ["n1", "n2", "flow", "n3"],
+        "each object once, in order"
+    );
+    // Kind last, as kubectl prints it: nothing handed on by the plain reader.
+    let (got, by_plain, gave_up) = names(&format!("items:\n{}{flow}kind: List\n", node(1)));
+    assert!(gave_up);
+    assert_eq!(by_plain, 0);
+    assert_eq!(got, ["n1", "flow"]);
+    // An earlier document read plainly, a later one not.
+    let (got, by_plain, _) = names(&format!(
+        "items:\n{}kind: List\n---\nitems:\n{flow}kind: List\n",
+        node(1)
+    ));
+    assert_eq!(by_plain, 1);
+    assert_eq!(got, ["n1", "flow"]);
 }

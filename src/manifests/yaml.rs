@@ -1,34 +1,47 @@
-//! YAML manifests: documents parsed by serde-saphyr within [`yaml_options`]' limits, each
-//! decoded into objects as the parser delivers it, and a `List`'s items each decoded as the
-//! parser reaches it, so that a `kubectl get -o yaml` dump (one `List` document holding the
-//! whole cluster) never stands in memory as one tree.
+//! YAML manifests: plain block YAML (as kubectl and Helm print it) read by
+//! [`super::plain_yaml`], anything else parsed by serde-saphyr within [`yaml_options`]' limits;
+//! either way each document is decoded into objects as it is read, and a `List`'s items each
+//! decoded as it is reached, so that a `kubectl get -o yaml` dump (one `List` document holding
+//! the whole cluster) never stands in memory as one tree.
 
-use super::{decode_all, ManifestError, Object, Print, Undecodable};
+use super::{decode_all, ManifestError, Object, Print, Sink, Undecodable};
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use std::fmt;
 use std::path::Path;
 
-/// The objects of a YAML file, each with its print when `PRINTING`.
+/// The objects of a YAML file handed to `each` as they are decoded, each with its print when
+/// `PRINTING`.
 pub(super) fn parse_yaml<const PRINTING: bool>(
     text: &str,
     path: &Path,
     options: serde_saphyr::Options,
-) -> Result<Vec<(Object, Option<Print>)>, ManifestError> {
-    // Each document is decoded as soon as it is parsed (`Decoded::extend`), and a list's
-    // items as each is parsed (`Doc`), so a dump never holds more than one object's tree. A
-    // syntax error anywhere in the file wins over a decode error in an earlier document (the
-    // parser keeps going after a bad object).
-    let decoded: Decoded<PRINTING> =
-        serde_saphyr::from_str_multiple_with_options::<Doc<PRINTING>, _>(text, options).map_err(
-            |e| ManifestError::Syntax {
-                path: path.to_path_buf(),
-                doc: e.location().map_or(1, |l| {
-                    document_at(text, usize::try_from(l.line()).unwrap_or(usize::MAX))
-                }),
-                message: yaml_message(&e),
-            },
-        )?;
+    each: Sink<'_>,
+) -> Result<(), ManifestError> {
+    // Plain block YAML, as kubectl and Helm print it, goes to the faster plain reader;
+    // anything else (or anything it is unsure of) to serde-saphyr, whole. Either way each
+    // document is decoded as soon as it is read, and a list's items one by one, so a dump
+    // never holds more than one object's tree. A syntax error anywhere in the file wins over
+    // a decode error in an earlier document (the parser keeps going after a bad object).
+    let mut handed = 0;
+    let read = super::plain_yaml::read::<PRINTING>(text, &mut |o, print| {
+        handed += 1;
+        each(o, print);
+    });
+    let decoded = match read {
+        Ok(decoded) => decoded,
+        Err(bail) => {
+            tracing::debug!(file = %path.display(), line = bail.line, why = bail.why,
+                "YAML beyond the plain reader; parsing with serde-saphyr");
+            let mut decoded = saphyr::<PRINTING>(text, path, options)?;
+            // What the plain reader handed on before it gave up, serde-saphyr reads alike
+            // (the plain reader's tests hold it to that): not handed on twice.
+            for (o, print) in decoded.objects.drain(..).skip(handed) {
+                each(o, print);
+            }
+            decoded
+        }
+    };
     for (api, kind, name) in &decoded.ignored {
         tracing::debug!(file = %path.display(), %api, %kind, %name, "ignoring object of another kind");
     }
@@ -40,8 +53,25 @@ pub(super) fn parse_yaml<const PRINTING: bool>(
             field: e.field,
             message: e.message,
         }),
-        None => Ok(decoded.objects),
+        None => Ok(()),
     }
+}
+
+/// [`parse_yaml`] by serde-saphyr alone.
+pub(super) fn saphyr<const PRINTING: bool>(
+    text: &str,
+    path: &Path,
+    options: serde_saphyr::Options,
+) -> Result<Decoded<PRINTING>, ManifestError> {
+    serde_saphyr::from_str_multiple_with_options::<Doc<PRINTING>, _>(text, options).map_err(|e| {
+        ManifestError::Syntax {
+            path: path.to_path_buf(),
+            doc: e.location().map_or(1, |l| {
+                document_at(text, usize::try_from(l.line()).unwrap_or(usize::MAX))
+            }),
+            message: yaml_message(&e),
+        }
+    })
 }
 
 /// Limits for YAML manifests, sized for the largest input we mean to accept: one file holding a
@@ -153,13 +183,13 @@ pub(super) fn document_at(text: &str, line: usize) -> usize {
 /// Objects decoded from a YAML stream as the parser delivers each document; the first decode
 /// error is kept (later documents are parsed but no longer decoded).
 #[derive(Default)]
-struct Decoded<const PRINTING: bool> {
+pub(super) struct Decoded<const PRINTING: bool> {
     /// Each with its print when `PRINTING`: YAML's text is gone once parsed, so the tree is
     /// printed here.
-    objects: Vec<(Object, Option<Print>)>,
+    pub(super) objects: Vec<(Object, Option<Print>)>,
     /// (apiVersion, kind, name) of objects of kinds we do not read.
-    ignored: Vec<(String, String, String)>,
-    error: Option<Undecodable>,
+    pub(super) ignored: Vec<(String, String, String)>,
+    pub(super) error: Option<Undecodable>,
 }
 
 impl<const PRINTING: bool> Extend<Doc<PRINTING>> for Decoded<PRINTING> {
@@ -202,7 +232,7 @@ impl<const PRINTING: bool> Extend<Doc<PRINTING>> for Decoded<PRINTING> {
 }
 
 /// Whether a document with `items` is a list of objects, as [`decode_all`] tells one.
-fn is_list(rest: &Map<String, Value>) -> bool {
+pub(super) fn is_list(rest: &Map<String, Value>) -> bool {
     rest.get("kind")
         .and_then(Value::as_str)
         .is_some_and(|k| k.ends_with("List"))
@@ -211,7 +241,7 @@ fn is_list(rest: &Map<String, Value>) -> bool {
 /// One YAML document. A mapping's `items`, when a sequence, are decoded into objects one at
 /// a time as the parser reaches each (kubectl prints a `List`'s `items` before its `kind`,
 /// so they are decoded before it is known to be one); its other keys are kept as trees.
-enum Doc<const PRINTING: bool> {
+pub(super) enum Doc<const PRINTING: bool> {
     Null,
     /// A scalar or a sequence: no object ([`decode_all`] ignores it).
     Other,
@@ -222,7 +252,7 @@ enum Doc<const PRINTING: bool> {
 }
 
 /// A mapping's `items`.
-enum Items {
+pub(super) enum Items {
     /// A sequence, decoded item by item.
     Decoded(Listed),
     /// Anything else, as its tree.
@@ -231,11 +261,34 @@ enum Items {
 
 /// The objects of a sequence of items, as [`decode_all`] decodes a list's.
 #[derive(Default)]
-struct Listed {
+pub(super) struct Listed {
     objects: Vec<(Object, Option<Print>)>,
     ignored: Vec<(String, String, String)>,
     /// The first item that did not decode; the items after it are parsed, not decoded.
     error: Option<Undecodable>,
+}
+
+impl Listed {
+    /// Decode one of a list's items, unless an earlier one failed (the items after it are
+    /// parsed, not decoded).
+    pub(super) fn add(&mut self, item: Value, printing: bool) {
+        if self.error.is_some() {
+            return;
+        }
+        let objects = &mut self.objects;
+        let mut each = |o, print| objects.push((o, print));
+        if let Err(e) = decode_all(item, printing, &mut each, &mut self.ignored) {
+            self.error = Some(e);
+        }
+    }
+
+    /// [`Listed::add`], the objects handed to `each` rather than kept.
+    pub(super) fn hand_on(&mut self, item: Value, printing: bool, each: super::Sink<'_>) {
+        self.add(item, printing);
+        for (o, print) in self.objects.drain(..) {
+            each(o, print);
+        }
+    }
 }
 
 impl<'de, const PRINTING: bool> serde::Deserialize<'de> for Doc<PRINTING> {
@@ -334,14 +387,7 @@ impl<'de, const PRINTING: bool> Visitor<'de> for ItemsSeed<PRINTING> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Items, A::Error> {
         let mut listed = Listed::default();
         while let Some(item) = seq.next_element::<Value>()? {
-            if listed.error.is_some() {
-                continue;
-            }
-            let objects = &mut listed.objects;
-            let mut each = |o, print| objects.push((o, print));
-            if let Err(e) = decode_all(item, PRINTING, &mut each, &mut listed.ignored) {
-                listed.error = Some(e);
-            }
+            listed.add(item, PRINTING);
         }
         Ok(Items::Decoded(listed))
     }
