@@ -10,53 +10,6 @@ use serde_json::{Map, Value};
 use std::fmt;
 use std::path::Path;
 
-/// The objects of a YAML file handed to `each` as they are decoded, each with its print when
-/// `PRINTING`.
-pub(super) fn parse_yaml<const PRINTING: bool>(
-    text: &str,
-    path: &Path,
-    options: serde_saphyr::Options,
-    each: Sink<'_>,
-) -> Result<(), ManifestError> {
-    // Plain block YAML, as kubectl and Helm print it, goes to the faster plain reader;
-    // anything else (or anything it is unsure of) to serde-saphyr, whole. Either way each
-    // document is decoded as soon as it is read, and a list's items one by one, so a dump
-    // never holds more than one object's tree. A syntax error anywhere in the file wins over
-    // a decode error in an earlier document (the parser keeps going after a bad object).
-    let mut handed = 0;
-    let read = super::plain_yaml::read::<PRINTING>(text, &mut |o, print| {
-        handed += 1;
-        each(o, print);
-    });
-    let decoded = match read {
-        Ok(decoded) => decoded,
-        Err(bail) => {
-            tracing::debug!(file = %path.display(), line = bail.line, why = bail.why,
-                "YAML beyond the plain reader; parsing with serde-saphyr");
-            let mut decoded = saphyr::<PRINTING>(text, path, options)?;
-            // What the plain reader handed on before it gave up, serde-saphyr reads alike
-            // (the plain reader's tests hold it to that): not handed on twice.
-            for (o, print) in decoded.objects.drain(..).skip(handed) {
-                each(o, print);
-            }
-            decoded
-        }
-    };
-    for (api, kind, name) in &decoded.ignored {
-        tracing::debug!(file = %path.display(), %api, %kind, %name, "ignoring object of another kind");
-    }
-    match decoded.error {
-        Some(e) => Err(ManifestError::Decode {
-            path: path.to_path_buf(),
-            kind: e.kind,
-            name: e.name,
-            field: e.field,
-            message: e.message,
-        }),
-        None => Ok(()),
-    }
-}
-
 /// [`parse_yaml`] by serde-saphyr alone.
 pub(super) fn saphyr<const PRINTING: bool>(
     text: &str,
@@ -283,7 +236,7 @@ impl Listed {
     }
 
     /// [`Listed::add`], the objects handed to `each` rather than kept.
-    pub(super) fn hand_on(&mut self, item: Value, printing: bool, each: super::Sink<'_>) {
+    pub(super) fn hand_on(&mut self, item: Value, printing: bool, each: Sink<'_>) {
         self.add(item, printing);
         for (o, print) in self.objects.drain(..) {
             each(o, print);
