@@ -832,6 +832,7 @@ fn a_set_too_large_to_read_back_is_flushed_and_filled_in_one_commit() {
         let map = &want.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS].elements;
         assert!(map.len() > 20, "{}", map.len());
         let (key, value) = map.iter().next().unwrap();
+        let key = key.text();
         let (front, _) = key.rsplit_once(" . ").unwrap();
         let nft = |command: String| {
             let out = dataplane::process::run("nft", &[&command], None).unwrap();
@@ -998,14 +999,15 @@ fn a_check_looks_up_the_elements_of_sets_too_large_to_read_back() {
         let map = &kernel.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS].elements;
         assert!(map.len() > 64, "{}", map.len());
         let absent = "172.16.250.1 . tcp . 80 . 0";
-        let mut keys: Vec<&str> = map.keys().collect();
+        let texts: Vec<String> = map.keys().map(|k| k.text()).collect();
+        let mut keys: Vec<&str> = texts.iter().map(String::as_str).collect();
         keys.insert(40, absent);
         let found = NftKernel::default()
             .look_up(IpFamily::V4, plan::MAP_BACKENDS, &keys)
             .expect("the lookups");
         let want: Vec<Option<Option<String>>> = keys
             .iter()
-            .map(|k| map.get(k).map(|v| v.map(str::to_string)))
+            .map(|k| map.text_of(k))
             .collect();
         assert_eq!(found, want);
         assert_eq!(found[40], None);

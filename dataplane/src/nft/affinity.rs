@@ -4,7 +4,7 @@
 //! that changed something the remembered entries are read back and the stale ones deleted.
 
 use super::diff::{Op, Transaction};
-use super::elements::Elements;
+use super::elements::{Elements, Packed};
 use super::skeleton::{BACKEND_MAPS, MAP_AFFINITY_FRONTENDS};
 use super::tables::Table;
 use std::collections::{HashMap, HashSet};
@@ -28,14 +28,14 @@ pub fn stale(desired: &Table, remembered: &Elements) -> Vec<String> {
     if remembered.is_empty() {
         return Vec::new();
     }
-    let mut valid: HashMap<&str, HashSet<&str>> = HashMap::new();
+    let mut valid: HashMap<Packed<'_>, HashSet<Packed<'_>>> = HashMap::new();
     for map in BACKEND_MAPS {
         let Some(set) = desired.sets.get(map) else {
             continue;
         };
         for (key, value) in &set.elements {
             // `front end . slot`: the front end is everything before the slot.
-            if let (Some((fe, _)), Some(v)) = (key.rsplit_once(" . "), value) {
+            if let (Some((fe, _)), Some(v)) = (key.split_last(), value) {
                 valid.entry(fe).or_default().insert(v);
             }
         }
@@ -44,19 +44,20 @@ pub fn stale(desired: &Table, remembered: &Elements) -> Vec<String> {
     remembered
         .iter()
         .filter(|(key, value)| {
-            let Some((_, fe)) = key.split_once(" . ") else {
+            let Some((_, fe)) = key.split_first() else {
                 return true;
             };
-            if !remembering.is_some_and(|s| s.elements.contains_key(fe)) {
+            if remembering.is_none_or(|s| s.elements.get_packed(fe).is_none()) {
                 return true;
             }
-            let backs =
-                |k: &str| value.is_some_and(|v| valid.get(k).is_some_and(|s| s.contains(v)));
-            match valid.contains_key(fe) {
+            let backs = |k: Packed<'_>| {
+                value.is_some_and(|v| valid.get(&k).is_some_and(|s| s.contains(&v)))
+            };
+            match valid.contains_key(&fe) {
                 true => !backs(fe),
                 // Not an address front end: a node port, whose slots are keyed by protocol
                 // and port alone.
-                false => !fe.split_once(" . ").is_some_and(|(_, np)| backs(np)),
+                false => !fe.split_first().is_some_and(|(_, np)| backs(np)),
             }
         })
         .map(|(k, _)| k.to_string())

@@ -13,7 +13,7 @@ use super::tables::{family_name, Chain, Ruleset, Set, Table, TABLE};
 use crate::backend::TxStats;
 use crate::model::IpFamily;
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 /// Elements per `add element` / `delete element` statement; keeps nft's parser and memory tame.
 const ELEMENT_CHUNK: usize = 1000;
@@ -203,7 +203,7 @@ fn write_elements(
     }
 }
 
-fn element_text(key: &str, value: Option<&str>) -> String {
+fn element_text(key: impl fmt::Display, value: Option<impl fmt::Display>) -> String {
     match value {
         Some(v) => format!("{key} : {v}"),
         None => key.to_string(),
@@ -444,8 +444,8 @@ fn update_table(tx: &mut Transaction, family: IpFamily, old: &Table, new: &Table
         let deleted: Vec<String> = o
             .elements
             .iter()
-            .filter(|(k, v)| set.elements.get(k) != Some(*v))
-            .map(|(k, _)| k.to_string())
+            .filter(|(k, v)| set.elements.get_packed(*k) != Some(*v))
+            .map(|(k, _)| k.text())
             .collect();
         if !deleted.is_empty() {
             tx.ops.push(Op::DeleteElements {
@@ -457,7 +457,7 @@ fn update_table(tx: &mut Transaction, family: IpFamily, old: &Table, new: &Table
         let added: Elements = set
             .elements
             .iter()
-            .filter(|(k, v)| o.elements.get(k) != Some(*v))
+            .filter(|(k, v)| o.elements.get_packed(*k) != Some(*v))
             .collect();
         if !added.is_empty() {
             adds.push(Op::AddElements {
@@ -532,14 +532,17 @@ pub fn patch(new: &Ruleset, touched: &[(IpFamily, Touched)]) -> Transaction {
         let mut added: BTreeMap<&str, Elements> = BTreeMap::new();
         for ((set, key), old) in &t.elements {
             let now = table.sets.get(*set).and_then(|s| s.elements.get(key));
-            if old.as_ref().map(Option::as_deref) == now {
+            if *old == now.map(|v| v.map(|v| v.text())) {
                 continue;
             }
             if old.is_some() {
                 deleted.entry(set).or_default().push(key.clone());
             }
             if let Some(v) = now {
-                added.entry(set).or_default().insert(key, v);
+                added
+                    .entry(set)
+                    .or_default()
+                    .insert(key, v.map(|v| v.text()).as_deref());
             }
         }
         for (set, keys) in deleted {
@@ -640,6 +643,7 @@ fn apply_op(rs: &mut Ruleset, op: &Op) -> Result<(), ApplyError> {
             let target = format!(" {name}");
             let referenced = t.sets.values().any(|s| {
                 s.elements.values().flatten().any(|v| {
+                    let v = v.text();
                     v.ends_with(&target) && (v.starts_with("goto") || v.starts_with("jump"))
                 })
             });
@@ -664,7 +668,7 @@ fn apply_op(rs: &mut Ruleset, op: &Op) -> Result<(), ApplyError> {
                 .get_mut(set)
                 .ok_or_else(|| ApplyError(format!("add element {set}: no such set")))?;
             for (k, v) in elements {
-                if let Some(verdict) = v {
+                if let Some(verdict) = v.map(|v| v.text()) {
                     if let Some(target) = verdict
                         .strip_prefix("goto ")
                         .or_else(|| verdict.strip_prefix("jump "))
@@ -676,12 +680,12 @@ fn apply_op(rs: &mut Ruleset, op: &Op) -> Result<(), ApplyError> {
                         }
                     }
                 }
-                match s.elements.get(k) {
+                match s.elements.get_packed(k) {
                     Some(existing) if existing != v => {
                         return Err(ApplyError(format!("add element {set} {k}: File exists")))
                     }
                     _ => {
-                        s.elements.insert(k, v);
+                        s.elements.insert_packed(k, v);
                     }
                 }
             }

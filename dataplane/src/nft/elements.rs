@@ -1,14 +1,20 @@
-//! A set's or map's elements as canonical text, ordered by key: one allocation per element
-//! holding its key and value together, in a tree of 24-byte entries, shared until written.
+//! A set's or map's elements, ordered by key: each key and value in its compact form
+//! ([`super::packed`]: addresses as their bytes, ports as numbers), held inside its 32-byte
+//! entry of the tree when it fits (any IPv4 element of our layout does), shared until written.
 //!
-//! A `BTreeMap<String, Option<String>>` cost two allocations and a 48-byte entry per element:
-//! at 10k services x 10 endpoints the applied ruleset's 120k elements took about 18 MB
-//! (heaptrack), most of it the backends map. The tree sits behind an `Arc` so that a
-//! transaction that adds every element of a set (a first sync, a flushed set) shares it
-//! with the desired ruleset instead of copying it: that copy was the largest block at the
-//! heap's peak of a first sync (18 MB at 10k x 10, heaptrack). A write to a shared tree
-//! copies it (`Arc::make_mut`); the transaction is gone by the next sync's writes.
+//! Elements as text took a 24-byte entry and an allocation each: at 10k services x 10
+//! endpoints the applied ruleset's 120k elements took about 18 MB (heaptrack), most of it the
+//! backends map. The tree sits behind an `Arc` so that a transaction that adds every element
+//! of a set (a first sync, a flushed set) shares it with the desired ruleset instead of
+//! copying it: that copy was the largest block at the heap's peak of a first sync (18 MB at
+//! 10k x 10, heaptrack). A write to a shared tree copies it (`Arc::make_mut`); the
+//! transaction is gone by the next sync's writes.
+//!
+//! Keys and values go in and come back as nft's text; in between they are compared, ordered
+//! and looked up in their compact form ([`Packed`]), so that the order is that of the compact
+//! bytes, not of the text.
 
+use super::packed;
 use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
@@ -16,50 +22,100 @@ use std::fmt;
 use std::ops::Bound;
 use std::sync::Arc;
 
-/// One element: `text` is its key followed by its value, if any.
+/// Bytes held inside the entry: a key and value of IPv4 addresses, protocol and ports, or a
+/// `goto` to a chain named up to 14 bytes, fit.
+const INLINE: usize = 29;
+
+/// One element: its key's compact form, then, for a map, a separator byte and its value's.
 #[derive(Clone)]
-struct Element {
-    text: Box<str>,
-    key_len: u32,
-    has_value: bool,
+enum Element {
+    Inline {
+        len: u8,
+        key_len: u8,
+        bytes: [u8; INLINE],
+    },
+    Held {
+        key_len: u32,
+        bytes: Box<[u8]>,
+    },
 }
+
+/// Between a key and its value (no field tag is 0).
+const VALUE: u8 = 0;
 
 impl Element {
     fn new(key: &str, value: Option<&str>) -> Element {
-        let mut text = String::with_capacity(key.len() + value.map_or(0, str::len));
-        text.push_str(key);
-        text.push_str(value.unwrap_or_default());
-        Element {
-            text: text.into_boxed_str(),
-            // Element text comes from addresses, ports and chain names: far below 4 GiB.
-            key_len: u32::try_from(key.len()).unwrap_or(u32::MAX),
-            has_value: value.is_some(),
+        let mut b = Vec::with_capacity(key.len() + value.map_or(0, str::len) + 1);
+        packed::pack(key, &mut b);
+        let key_len = b.len();
+        if let Some(v) = value {
+            b.push(VALUE);
+            packed::pack(v, &mut b);
+        }
+        Element::from_bytes(&b, key_len)
+    }
+
+    fn from_parts(key: Packed<'_>, value: Option<Packed<'_>>) -> Element {
+        let mut b = Vec::with_capacity(key.0.len() + value.map_or(0, |v| v.0.len() + 1));
+        b.extend_from_slice(key.0);
+        if let Some(v) = value {
+            b.push(VALUE);
+            b.extend_from_slice(v.0);
+        }
+        Element::from_bytes(&b, key.0.len())
+    }
+
+    fn from_bytes(b: &[u8], key_len: usize) -> Element {
+        match (u8::try_from(b.len()), u8::try_from(key_len)) {
+            (Ok(len), Ok(key_len)) if b.len() <= INLINE => {
+                let mut bytes = [0; INLINE];
+                bytes[..b.len()].copy_from_slice(b);
+                Element::Inline {
+                    len,
+                    key_len,
+                    bytes,
+                }
+            }
+            _ => Element::Held {
+                // An element's text is addresses, ports and chain names: far below 4 GiB.
+                key_len: u32::try_from(key_len).unwrap_or(u32::MAX),
+                bytes: b.into(),
+            },
         }
     }
 
-    fn key(&self) -> &str {
-        &self.text[..self.key_len as usize]
+    fn all(&self) -> (&[u8], usize) {
+        match self {
+            Element::Inline {
+                len,
+                key_len,
+                bytes,
+            } => (&bytes[..usize::from(*len)], usize::from(*key_len)),
+            Element::Held { key_len, bytes } => (bytes, *key_len as usize),
+        }
     }
 
-    fn value(&self) -> Option<&str> {
-        self.has_value.then(|| &self.text[self.key_len as usize..])
+    fn key(&self) -> Packed<'_> {
+        let (b, k) = self.all();
+        Packed(&b[..k])
     }
 
-    fn into_value(self) -> Option<String> {
-        self.value().map(str::to_string)
+    fn value(&self) -> Option<Packed<'_>> {
+        let (b, k) = self.all();
+        b.get(k + 1..).map(Packed)
     }
 }
 
-impl Borrow<str> for Element {
-    fn borrow(&self) -> &str {
-        self.key()
+impl Borrow<[u8]> for Element {
+    fn borrow(&self) -> &[u8] {
+        self.key().0
     }
 }
 
-// Ordered and equal by key alone, as a map's keys are (and as `Borrow<str>` requires).
+// Ordered and equal by key alone, as a map's keys are (and as `Borrow<[u8]>` requires).
 impl Ord for Element {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.key().cmp(other.key())
+        self.key().cmp(&other.key())
     }
 }
 
@@ -77,6 +133,63 @@ impl PartialEq for Element {
 
 impl Eq for Element {}
 
+/// A key or value in its compact form: ordered and compared as bytes, printed as nft's text.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Packed<'a>(&'a [u8]);
+
+impl<'a> Packed<'a> {
+    /// nft's text.
+    pub fn text(&self) -> String {
+        packed::text(self.0)
+    }
+
+    /// The compact form's bytes ([`super::packed`]).
+    pub fn bytes(&self) -> &'a [u8] {
+        self.0
+    }
+
+    /// The first field, and the rest (as the text's `split_once(" . ")`).
+    pub fn split_first(&self) -> Option<(Packed<'a>, Packed<'a>)> {
+        let n = packed::first_field_len(self.0)?;
+        (n < self.0.len()).then(|| (Packed(&self.0[..n]), Packed(&self.0[n..])))
+    }
+
+    /// All fields but the last, and the last (as the text's `rsplit_once(" . ")`).
+    pub fn split_last(&self) -> Option<(Packed<'a>, Packed<'a>)> {
+        let mut at = packed::first_field_len(self.0)?;
+        let mut last = 0;
+        while at < self.0.len() {
+            last = at;
+            at += packed::first_field_len(&self.0[at..])?;
+        }
+        (last > 0).then(|| (Packed(&self.0[..last]), Packed(&self.0[last..])))
+    }
+}
+
+impl fmt::Display for Packed<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        packed::unpack(self.0, f)
+    }
+}
+
+impl fmt::Debug for Packed<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.text())
+    }
+}
+
+impl PartialEq<&str> for Packed<'_> {
+    fn eq(&self, other: &&str) -> bool {
+        self.text() == *other
+    }
+}
+
+fn key_bytes(key: &str) -> Vec<u8> {
+    let mut b = Vec::with_capacity(key.len());
+    packed::pack(key, &mut b);
+    b
+}
+
 /// Key to value (`None` in a plain set), ordered by key. A clone shares the tree.
 #[derive(Clone, Default)]
 pub struct Elements(Arc<BTreeSet<Element>>);
@@ -91,35 +204,59 @@ impl Elements {
     }
 
     /// The value of `key` (`Some(None)`: in the set, without a value).
-    pub fn get(&self, key: &str) -> Option<Option<&str>> {
-        self.0.get(key).map(Element::value)
+    pub fn get(&self, key: &str) -> Option<Option<Packed<'_>>> {
+        self.0.get(key_bytes(key).as_slice()).map(Element::value)
+    }
+
+    /// [`Elements::get`] as text.
+    pub fn text_of(&self, key: &str) -> Option<Option<String>> {
+        self.get(key).map(|v| v.map(|v| v.text()))
+    }
+
+    /// [`Elements::get`] by a key of another tree.
+    pub fn get_packed(&self, key: Packed<'_>) -> Option<Option<Packed<'_>>> {
+        self.0.get(key.0).map(Element::value)
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
-        self.0.contains(key)
+        self.0.contains(key_bytes(key).as_slice())
     }
 
     /// Put `key` in with `value`; returns the value it replaced, if `key` was in.
     pub fn insert(&mut self, key: &str, value: Option<&str>) -> Option<Option<String>> {
+        self.put(Element::new(key, value))
+    }
+
+    /// [`Elements::insert`] of another tree's element.
+    pub fn insert_packed(&mut self, key: Packed<'_>, value: Option<Packed<'_>>) {
+        self.put(Element::from_parts(key, value));
+    }
+
+    fn put(&mut self, e: Element) -> Option<Option<String>> {
         if Arc::get_mut(&mut self.0).is_none() {
-            if let Some(held) = self.get(key).filter(|held| *held == value) {
+            if let Some(held) = self
+                .0
+                .get(e.key().0)
+                .filter(|held| held.value() == e.value())
+            {
                 // Unchanged: a shared tree stays shared.
-                return Some(held.map(str::to_string));
+                return Some(held.value().map(|v| v.text()));
             }
         }
         Arc::make_mut(&mut self.0)
-            .replace(Element::new(key, value))
-            .map(Element::into_value)
+            .replace(e)
+            .map(|old| old.value().map(|v| v.text()))
     }
 
     /// Take `key` out; returns its value, if it was in.
     pub fn remove(&mut self, key: &str) -> Option<Option<String>> {
-        if Arc::get_mut(&mut self.0).is_none() && !self.contains_key(key) {
+        let k = key_bytes(key);
+        if Arc::get_mut(&mut self.0).is_none() && !self.0.contains(k.as_slice()) {
             return None;
         }
         Arc::make_mut(&mut self.0)
-            .take(key)
-            .map(Element::into_value)
+            .take(k.as_slice())
+            .map(|old| old.value().map(|v| v.text()))
     }
 
     /// Whether `self` and `other` are one tree (a clone not written to since).
@@ -149,46 +286,55 @@ impl Elements {
     pub fn pop_first(&mut self) -> Option<(String, Option<String>)> {
         Arc::make_mut(&mut self.0)
             .pop_first()
-            .map(|e| (e.key().to_string(), e.into_value()))
+            .map(|e| (e.key().text(), e.value().map(|v| v.text())))
     }
 
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&str, Option<&str>)> + '_ {
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (Packed<'_>, Option<Packed<'_>>)> + '_ {
         self.0.iter().map(|e| (e.key(), e.value()))
     }
 
-    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &str> + '_ {
+    pub fn keys(&self) -> impl DoubleEndedIterator<Item = Packed<'_>> + '_ {
         self.0.iter().map(Element::key)
     }
 
-    pub fn values(&self) -> impl DoubleEndedIterator<Item = Option<&str>> + '_ {
+    pub fn values(&self) -> impl DoubleEndedIterator<Item = Option<Packed<'_>>> + '_ {
         self.0.iter().map(Element::value)
     }
 
-    /// The elements from `start` on, in key order.
-    pub fn range_from<'a>(
+    /// The elements whose keys begin with the whole fields of `prefix` (a key's start ending
+    /// in `" . "`), in key order.
+    pub fn with_prefix<'a>(
         &'a self,
-        start: &str,
-    ) -> impl Iterator<Item = (&'a str, Option<&'a str>)> + 'a {
+        prefix: &str,
+    ) -> impl Iterator<Item = (Packed<'a>, Option<Packed<'a>>)> + 'a {
+        let start = packed::pack_prefix(prefix);
+        let whole = prefix.ends_with(" . ");
         self.0
-            .range::<str, _>((Bound::Included(start), Bound::Unbounded))
+            .range::<[u8], _>((Bound::Included(start.as_slice()), Bound::Unbounded))
             .map(|e| (e.key(), e.value()))
+            .take_while(move |(k, _)| {
+                k.0.starts_with(&start) && (whole || k.0.len() == start.len())
+            })
     }
 
     /// The elements whose keys come after `key` (all of them for `None`), in key order.
     pub fn after<'a>(
         &'a self,
         key: Option<&str>,
-    ) -> impl Iterator<Item = (&'a str, Option<&'a str>)> + 'a {
-        let start = key.map_or(Bound::Unbounded, Bound::Excluded);
+    ) -> impl Iterator<Item = (Packed<'a>, Option<Packed<'a>>)> + 'a {
+        let start = key.map(key_bytes);
         self.0
-            .range::<str, _>((start, Bound::Unbounded))
+            .range::<[u8], _>((
+                start.as_deref().map_or(Bound::Unbounded, Bound::Excluded),
+                Bound::Unbounded,
+            ))
             .map(|e| (e.key(), e.value()))
     }
 }
 
 impl<'a> IntoIterator for &'a Elements {
-    type Item = (&'a str, Option<&'a str>);
-    type IntoIter = Box<dyn DoubleEndedIterator<Item = (&'a str, Option<&'a str>)> + 'a>;
+    type Item = (Packed<'a>, Option<Packed<'a>>);
+    type IntoIter = Box<dyn DoubleEndedIterator<Item = Self::Item> + 'a>;
 
     fn into_iter(self) -> Self::IntoIter {
         Box::new(self.iter())
@@ -225,6 +371,17 @@ impl<K: AsRef<str>, V: AsRef<str>> Extend<(K, Option<V>)> for Elements {
     }
 }
 
+impl<'a> FromIterator<(Packed<'a>, Option<Packed<'a>>)> for Elements {
+    fn from_iter<I: IntoIterator<Item = (Packed<'a>, Option<Packed<'a>>)>>(iter: I) -> Self {
+        let mut out = Elements::default();
+        let tree = Arc::make_mut(&mut out.0);
+        for (k, v) in iter {
+            tree.replace(Element::from_parts(k, v));
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,25 +392,37 @@ mod tests {
             .into_iter()
             .collect();
         assert_eq!(e.len(), 3);
-        assert_eq!(e.get("a"), Some(None));
+        assert_eq!(e.text_of("a"), Some(None));
         assert_eq!(
-            e.get("b . 0"),
-            Some(Some("")),
+            e.text_of("b . 0"),
+            Some(Some(String::new())),
             "an empty value is still a value"
         );
-        assert_eq!(e.get("b"), None);
-        assert_eq!(e.keys().collect::<Vec<_>>(), ["a", "b . 0", "b . 1"]);
+        assert_eq!(e.text_of("b"), None);
+        let texts = |i: &mut dyn Iterator<Item = (Packed<'_>, Option<Packed<'_>>)>| {
+            i.map(|(k, v)| (k.text(), v.map(|v| v.text())))
+                .collect::<Vec<_>>()
+        };
+        let owned = |v: &[(&str, Option<&str>)]| {
+            v.iter()
+                .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(
-            e.range_from("b . ").collect::<Vec<_>>(),
-            [("b . 0", Some("")), ("b . 1", Some("x"))]
+            e.keys().map(|k| k.text()).collect::<Vec<_>>(),
+            ["a", "b . 0", "b . 1"]
         );
         assert_eq!(
-            e.after(Some("b . 0")).collect::<Vec<_>>(),
-            [("b . 1", Some("x"))]
+            texts(&mut e.with_prefix("b . ")),
+            owned(&[("b . 0", Some("")), ("b . 1", Some("x"))])
+        );
+        assert_eq!(
+            texts(&mut e.after(Some("b . 0"))),
+            owned(&[("b . 1", Some("x"))])
         );
         assert_eq!(e.after(None).count(), 3);
         assert_eq!(e.insert("b . 1", Some("y")), Some(Some("x".to_string())));
-        assert_eq!(e.get("b . 1"), Some(Some("y")));
+        assert_eq!(e.text_of("b . 1"), Some(Some("y".into())));
         assert_eq!(e.remove("a"), Some(None));
         assert_eq!(e.remove("a"), None);
         let same: Elements = [("b . 0", Some("")), ("b . 1", Some("y"))]
@@ -281,16 +450,43 @@ mod tests {
         assert_eq!(a.insert("k1", Some("v2")), Some(Some("v1".to_string())));
         assert!(!a.shares_with(&b));
         assert_eq!(
-            b.get("k1"),
-            Some(Some("v1")),
+            b.text_of("k1"),
+            Some(Some("v1".into())),
             "the clone saw the other's write"
         );
-        assert_eq!(a.get("k1"), Some(Some("v2")));
+        assert_eq!(a.text_of("k1"), Some(Some("v2".into())));
         let mut c = b.clone();
         assert_eq!(c.remove("k2"), Some(None));
-        assert_eq!(b.get("k2"), Some(None), "the clone saw the other's removal");
+        assert_eq!(
+            b.text_of("k2"),
+            Some(None),
+            "the clone saw the other's removal"
+        );
         let mut d = b.clone();
         d.compact();
         assert_eq!(d, b, "compacting a shared tree changed what it holds");
+    }
+
+    #[test]
+    fn an_ipv4_element_of_our_layout_is_held_in_its_entry() {
+        assert_eq!(std::mem::size_of::<Element>(), 32);
+        for (key, value) in [
+            ("172.30.0.41 . tcp . 443 . 65535", Some("10.180.0.1 . 8443")),
+            ("255.255.255.255 . sctp . 65535", Some("goto cluster-65535")),
+            ("10.0.0.0/8 . tcp . 80 . 192.168.0.0/16", None),
+            ("10.180.0.1 . 10.180.0.1", None),
+        ] {
+            assert!(
+                matches!(Element::new(key, value), Element::Inline { .. }),
+                "{key} {value:?} took an allocation"
+            );
+        }
+        let long = Element::new("fd00::1 . tcp . 443 . 0", Some("fd00:1:2:3:4:5:6:7 . 8443"));
+        assert!(matches!(long, Element::Held { .. }));
+        assert_eq!(long.key().text(), "fd00::1 . tcp . 443 . 0");
+        assert_eq!(
+            long.value().map(|v| v.text()).as_deref(),
+            Some("fd00:1:2:3:4:5:6:7 . 8443")
+        );
     }
 }

@@ -637,11 +637,7 @@ impl NftExecutor for FakeNft {
             .map(|s| &s.elements);
         Ok(keys
             .iter()
-            .map(|k| {
-                elements
-                    .and_then(|e| e.get(k))
-                    .map(|v| v.map(str::to_string))
-            })
+            .map(|k| elements.and_then(|e| e.get(k)).map(|v| v.map(|v| v.text())))
             .collect())
     }
 

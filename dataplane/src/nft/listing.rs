@@ -164,14 +164,20 @@ mod tests {
         assert!(b.map);
         assert_eq!(b.fingerprint, "sy:1");
         assert_eq!(
-            b.elements.get("172.30.0.41 . tcp . 80 . 0"),
-            Some(Some("10.180.0.1 . 80"))
+            b.elements.text_of("172.30.0.41 . tcp . 80 . 0"),
+            Some(Some("10.180.0.1 . 80".into()))
         );
         assert_eq!(
-            t.sets["service-ips"].elements.get("172.30.0.41 . tcp . 80"),
-            Some(Some("goto cluster-2"))
+            t.sets["service-ips"]
+                .elements
+                .text_of("172.30.0.41 . tcp . 80"),
+            Some(Some("goto cluster-2".into()))
         );
-        let cidrs: Vec<&str> = t.sets["service-cidrs"].elements.keys().collect();
+        let cidrs: Vec<String> = t.sets["service-cidrs"]
+            .elements
+            .keys()
+            .map(|k| k.text())
+            .collect();
         assert_eq!(cidrs, ["172.30.0.0/16", "192.168.0.2"]);
         assert_eq!(t.chains["cluster-2"].rules.len(), 2);
         assert_eq!(t.chains["cluster-2"].fingerprint, "sy:abc");

@@ -84,13 +84,14 @@ impl Lookups {
             let Some((family, name)) = self.sets.get(self.at) else {
                 return Ok(Step::Done(Vec::new()));
             };
-            let ours: Vec<(&str, Option<&str>)> = committed
+            let ours: Vec<(String, Option<String>)> = committed
                 .table(*family)
                 .and_then(|t| t.sets.get(name))
                 .map(|s| {
                     s.elements
                         .after(self.after.as_deref())
                         .take(PER_CALL)
+                        .map(|(k, v)| (k.text(), v.map(|v| v.text())))
                         .collect()
                 })
                 .unwrap_or_default();
@@ -99,7 +100,7 @@ impl Lookups {
                 self.after = None;
                 continue;
             }
-            let keys: Vec<&str> = ours.iter().map(|(k, _)| *k).collect();
+            let keys: Vec<&str> = ours.iter().map(|(k, _)| k.as_str()).collect();
             let found = look_up(*family, name, &keys)?;
             self.looked_up += keys.len();
             let differences: Vec<String> = ours
@@ -107,7 +108,7 @@ impl Lookups {
                 .enumerate()
                 .filter_map(|(i, (key, value))| {
                     let theirs = found.get(i).cloned().flatten();
-                    difference(*family, name, key, Some(*value), theirs)
+                    difference(*family, name, key, Some(value.as_deref()), theirs)
                 })
                 .collect();
             if !differences.is_empty() {
@@ -186,8 +187,9 @@ impl Confirmation {
                 .and_then(|t| t.sets.get(&set))
                 .map(|s| &s.elements);
             for (i, key) in batch.iter().enumerate() {
-                let ours = ours.and_then(|e| e.get(key));
+                let ours = ours.and_then(|e| e.get(key)).map(|v| v.map(|v| v.text()));
                 let theirs = found.get(i).cloned().flatten();
+                let ours = ours.as_ref().map(|v| v.as_deref());
                 self.confirmed
                     .extend(difference(family, &set, key, ours, theirs));
             }
@@ -250,10 +252,7 @@ mod tests {
                 .table(family)
                 .and_then(|t| t.sets.get(set))
                 .map(|s| &s.elements);
-            Ok(keys
-                .iter()
-                .map(|k| e.and_then(|e| e.get(k)).map(|v| v.map(str::to_string)))
-                .collect())
+            Ok(keys.iter().map(|k| e.and_then(|e| e.text_of(k))).collect())
         }
     }
 
@@ -280,7 +279,7 @@ mod tests {
         let all: Vec<String> = ours.tables[&IpFamily::V4].sets["backends"]
             .elements
             .keys()
-            .map(str::to_string)
+            .map(|k| k.text())
             .collect();
         assert_eq!(asked, all, "each key once, in order");
     }

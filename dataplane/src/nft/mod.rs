@@ -16,6 +16,7 @@ pub mod lookups;
 pub mod netlink;
 pub mod ownership;
 pub mod pacing;
+pub mod packed;
 pub mod plan;
 pub mod sizing;
 pub mod skeleton;

@@ -76,7 +76,8 @@ fn previous_slots(prev: Option<&Set>, prefix: &str) -> Vec<Option<String>> {
     };
     let start = format!("{prefix} . ");
     let mut out: Vec<Option<String>> = Vec::new();
-    for (key, value) in set.elements.range_from(&start) {
+    for (key, value) in set.elements.with_prefix(&start) {
+        let key = key.text();
         let Some(slot) = key.strip_prefix(&start) else {
             break;
         };
@@ -85,7 +86,7 @@ fn previous_slots(prev: Option<&Set>, prefix: &str) -> Vec<Option<String>> {
                 if out.len() <= i {
                     out.resize(i + 1, None);
                 }
-                out[i] = Some(v.to_string());
+                out[i] = Some(v.text());
             }
         }
     }
@@ -265,7 +266,7 @@ impl<'a> Builder<'a> {
                 .sets
                 .get(set)
                 .and_then(|s| s.elements.get(key))
-                .map(|v| v.map(str::to_string))
+                .map(|v| v.map(|v| v.text()))
         });
     }
 

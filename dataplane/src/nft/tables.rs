@@ -1,7 +1,8 @@
 //! The contents of Switchyard's nftables tables as plain data: what we want, or what the kernel holds.
 //!
-//! Elements are kept as nft's canonical text (`172.30.0.41 . tcp . 80`), so a state rendered
-//! from a snapshot and a state read back from the kernel compare directly. Chains are compared
+//! Elements go in and come out as nft's canonical text (`172.30.0.41 . tcp . 80`) and are
+//! held in a compact form of it ([`super::packed`]), so a state rendered from a snapshot and a
+//! state read back from the kernel compare directly. Chains are compared
 //! by a fingerprint carried in every rule's comment plus the rule count, because nft 1.0.6
 //! cannot give chain comments back through JSON and rule text is not round-trippable.
 

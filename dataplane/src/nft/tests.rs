@@ -149,18 +149,18 @@ fn service_without_endpoints_rejects_on_every_front_end() {
     let t = rs.table(IpFamily::V4).unwrap();
     let none = &t.sets[plan::MAP_NO_ENDPOINT_SERVICES].elements;
     assert_eq!(
-        none.get("172.30.0.41 . tcp . 80"),
-        Some(Some("goto reject-chain"))
+        none.text_of("172.30.0.41 . tcp . 80"),
+        Some(Some("goto reject-chain".into()))
     );
     assert_eq!(
-        none.get("192.168.99.11 . tcp . 80"),
-        Some(Some("goto reject-chain"))
+        none.text_of("192.168.99.11 . tcp . 80"),
+        Some(Some("goto reject-chain".into()))
     );
     assert_eq!(
         t.sets[plan::MAP_NO_ENDPOINT_NODEPORTS]
             .elements
-            .get("tcp . 3001"),
-        Some(Some("goto reject-chain"))
+            .text_of("tcp . 3001"),
+        Some(Some("goto reject-chain".into()))
     );
     assert!(t.sets[plan::MAP_SERVICE_IPS].elements.is_empty());
     assert!(t.sets[plan::SET_CLUSTER_IPS]
@@ -446,7 +446,7 @@ fn sets_too_large_to_read_back_are_flushed_and_filled_and_checks_look_their_elem
     let (k, v) = want
         .iter()
         .next()
-        .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+        .map(|(k, v)| (k.text(), v.map(|v| v.text())))
         .unwrap();
     let mut exec = first.exec.clone();
     exec.foreign(|rs| {
@@ -603,7 +603,7 @@ pub(super) fn first_backend(be: &NftBackend<FakeNft>) -> (String, Option<String>
         .iter()
         .next()
         .unwrap();
-    (k.to_string(), v.map(str::to_string))
+    (k.text(), v.map(|v| v.text()))
 }
 
 #[test]
@@ -680,8 +680,8 @@ fn conflicting_front_ends_keep_the_first_service() {
     );
     let be = &rs.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS].elements;
     assert_eq!(
-        be.get("192.168.99.11 . tcp . 80 . 0"),
-        Some(Some("10.0.0.1 . 8080"))
+        be.text_of("192.168.99.11 . tcp . 80 . 0"),
+        Some(Some("10.0.0.1 . 8080".into()))
     );
 }
 
@@ -725,7 +725,9 @@ fn a_family_the_kernel_refuses_does_not_hold_back_the_other() {
     let v4_backends =
         &be.executor().state.table(IpFamily::V4).unwrap().sets[plan::MAP_BACKENDS].elements;
     assert!(
-        v4_backends.values().any(|v| v == Some("10.0.0.2 . 8080")),
+        v4_backends
+            .values()
+            .any(|v| v.is_some_and(|v| v == "10.0.0.2 . 8080")),
         "{v4_backends:?}"
     );
 }
@@ -881,5 +883,5 @@ fn an_outgrown_set_in_one_family_leaves_the_other_familys_change_committed() {
     let v6 = &be.exec.state.tables[&IpFamily::V6].sets[MAP_BACKENDS].elements;
     assert!(v6
         .iter()
-        .any(|(_, v)| v.is_some_and(|v| v.contains("fd00::2"))));
+        .any(|(_, v)| v.is_some_and(|v| v.text().contains("fd00::2"))));
 }

@@ -6,6 +6,7 @@
 
 use super::budget::Budget;
 use super::diff::{Op, Transaction};
+use super::elements::Packed;
 use super::tables::{Ruleset, Table};
 use crate::model::IpFamily;
 use std::collections::{HashMap, HashSet};
@@ -51,7 +52,7 @@ impl Recent {
                     self.elements
                         .entry((*family, set.clone()))
                         .or_default()
-                        .extend(elements.keys().map(str::to_string));
+                        .extend(elements.keys().map(|k| k.text()));
                 }
                 Op::DeleteElements { family, set, keys } => {
                     self.elements
@@ -258,10 +259,10 @@ impl Comparison {
             return true;
         }
         let touched = recent.elements.get(&(family, name.to_string()));
-        let recent_key = |key: &str| touched.is_some_and(|t| t.contains(key));
+        let recent_key = |key: Packed<'_>| touched.is_some_and(|t| t.contains(&key.text()));
         // Our next chunk of keys, and the kernel's keys up to the last of them (all the
         // rest when ours end).
-        let ours: Vec<(&str, Option<&str>)> = set
+        let ours: Vec<(Packed<'_>, Option<Packed<'_>>)> = set
             .elements
             .after(self.after.as_deref())
             .take(PER_CHUNK)
@@ -280,13 +281,13 @@ impl Comparison {
             self.found.push(Difference::Element {
                 family,
                 set: name.to_string(),
-                key: key.to_string(),
+                key: key.text(),
                 ours: ours.is_some(),
             });
         }
         match last {
             Some(l) => {
-                self.after = Some(l.to_string());
+                self.after = Some(l.text());
                 false
             }
             None => true,

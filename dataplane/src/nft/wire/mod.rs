@@ -12,6 +12,7 @@ pub mod rule;
 pub mod set;
 
 use super::diff::{Op, Transaction};
+use super::elements::Packed;
 use super::netlink::Fields;
 use super::tables::{family_name, TABLE};
 use crate::model::IpFamily;
@@ -20,6 +21,7 @@ use elements::Shape;
 use ipnetwork::IpNetwork;
 use set::Declaration;
 use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
 
 /// Elements per message (one more when an interval's end would be the next), well inside
 /// the socket's buffers.
@@ -103,6 +105,23 @@ struct Writer {
     ctx: Context,
 }
 
+/// A key or value as [`Writer::elements`] takes it: nft's text, and its compact form if any.
+trait AsPacked: fmt::Display {
+    fn packed(&self) -> Option<&[u8]>;
+}
+
+impl AsPacked for Packed<'_> {
+    fn packed(&self) -> Option<&[u8]> {
+        Some(self.bytes())
+    }
+}
+
+impl AsPacked for &str {
+    fn packed(&self) -> Option<&[u8]> {
+        None
+    }
+}
+
 impl Writer {
     fn push(
         &mut self,
@@ -119,11 +138,13 @@ impl Writer {
     /// `items` as messages of up to [`PER_MESSAGE`] elements each, encoded straight into
     /// the batch: at 10k x 10 a list of every element's bytes, and of the items, took 10 MB
     /// at the first sync's peak (heaptrack), freed right after.
-    fn elements<'a>(
+    /// Each key and value is encoded from its compact form where it has one that holds only
+    /// addresses, protocols, numbers and a `goto`, else from its text.
+    fn elements<K: AsPacked, V: AsPacked>(
         &mut self,
         family: IpFamily,
         set: &str,
-        items: impl Iterator<Item = (&'a str, Option<&'a str>)>,
+        items: impl Iterator<Item = (K, Option<V>)>,
         delete: bool,
     ) -> Result<(), EncodeError> {
         let layout = Fields::of(set, family);
@@ -150,13 +171,35 @@ impl Writer {
             pending.clear();
             *count = 0;
         };
+        let (mut key, mut value) = (String::new(), String::new());
         for (k, v) in items {
-            let value = if delete { None } else { v };
-            let n = elements::encode_into(&mut pending, k, value, shape, &layout, family)
+            let v = v.filter(|_| !delete);
+            let compact = match (k.packed(), v.as_ref().map(AsPacked::packed)) {
+                (Some(k), None) => Some((k, None)),
+                (Some(k), Some(Some(v))) => Some((k, Some(v))),
+                _ => None,
+            };
+            if let Some(n) = compact
+                .and_then(|(k, v)| elements::encode_packed_into(&mut pending, k, v, shape, &layout))
+            {
+                count += n;
+                if count >= PER_MESSAGE {
+                    flush(self, &mut pending, &mut count);
+                }
+                continue;
+            }
+            key.clear();
+            let _ = write!(key, "{k}");
+            let v = v.map(|v| {
+                value.clear();
+                let _ = write!(value, "{v}");
+                value.as_str()
+            });
+            let n = elements::encode_into(&mut pending, &key, v, shape, &layout, family)
                 .ok_or_else(|| EncodeError::Element {
                     family: fam,
                     set: set.to_string(),
-                    element: k.to_string(),
+                    element: key.clone(),
                 })?;
             // An interval's two halves go in one message: at most one over.
             count += n;
@@ -347,7 +390,7 @@ impl Writer {
                 self.elements(family, set, elements.iter(), false)?;
             }
             Op::DeleteElements { set, keys, .. } => {
-                let items = keys.iter().map(|k| (k.as_str(), None));
+                let items = keys.iter().map(|k| (k.as_str(), None::<&str>));
                 self.elements(family, set, items, true)?;
             }
             // As `nft flush set`: a deletion that names no element.
