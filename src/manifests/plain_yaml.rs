@@ -443,6 +443,8 @@ impl<'a> Reader<'a> {
         if width.is_none() {
             return Err(self.bail(no, "an empty block scalar"));
         }
+        // Clipped, the text ends in one line break even at the end of a file without one,
+        // as serde-saphyr reads it.
         if !strip {
             text.push('\n');
         }
@@ -557,9 +559,8 @@ fn double_quoted(s: &str) -> Option<String> {
                 'r' => '\r',
                 'u' => {
                     let hex: String = chars.by_ref().take(4).collect();
-                    let code = u32::from_str_radix(&hex, 16)
-                        .ok()
-                        .filter(|_| hex.len() == 4)?;
+                    let four = hex.len() == 4 && hex.bytes().all(|b| b.is_ascii_hexdigit());
+                    let code = u32::from_str_radix(&hex, 16).ok().filter(|_| four)?;
                     char::from_u32(code)?
                 }
                 _ => return None,

@@ -36,6 +36,8 @@ fn scalars_it_reads_are_read_as_serde_saphyr_reads_them() {
         "node-12",
         "6b1c2f4e-0000-4000-8000-000000000001",
         "a#b",
+        "2001:db8::1",
+        "12:30",
         "http://example.com/x",
         "discovery.k8s.io/v1",
         "ClusterIP",
@@ -89,6 +91,7 @@ fn scalars_it_reads_are_read_as_serde_saphyr_reads_them() {
         "'open",
         "'a' #c",
         "\"a\\x41\"",
+        "\"\\u+0e9\"",
         "{a: 1}",
         "[1, 2]",
         "&anchor x",
@@ -123,6 +126,9 @@ fn structures_as_kubectl_prints_them_are_read_as_serde_saphyr_reads_them() {
         "a: |\n  {\"x\": 1}\nb: |-\n  one\n\n    two\n  three\nc: 1\n",
         "- |\n  in a sequence\n- x\n",
         "m:\n- k: |-\n    v\n  j: 2\n",
+        // a literal block at the end of a file without a final line break, clipped and kept
+        "a: |\n  x",
+        "a: |-\n  x",
         // more than one document
         "a: 1\n---\nb: 2\n",
         "---\na: 1\n---\n- 1\n- 2\n",

@@ -309,11 +309,15 @@ impl Elements {
     ) -> impl Iterator<Item = (Packed<'a>, Option<Packed<'a>>)> + 'a {
         let start = packed::pack_prefix(prefix);
         let whole = prefix.ends_with(" . ");
+        let len = start.len();
         self.0
             .range::<[u8], _>((Bound::Included(start.as_slice()), Bound::Unbounded))
             .map(|e| (e.key(), e.value()))
-            .take_while(move |(k, _)| {
-                k.0.starts_with(&start) && (whole || k.0.len() == start.len())
+            .take_while(move |(k, _)| k.0.starts_with(&start))
+            // `10.0.0.0/8 . tcp` does not begin with the fields `10.0.0.0 . `.
+            .filter(move |(k, _)| match whole {
+                true => !packed::continues_field(&k.0[len..]),
+                false => k.0.len() == len,
             })
     }
 
@@ -415,6 +419,19 @@ mod tests {
         assert_eq!(
             texts(&mut e.with_prefix("b . ")),
             owned(&[("b . 0", Some("")), ("b . 1", Some("x"))])
+        );
+        let nets: Elements = [
+            ("10.0.0.0/8 . tcp", None::<&str>),
+            ("10.0.0.0 . tcp", None),
+            ("10.0.0.0 . udp", None),
+            ("10.0.0.1 . tcp", None),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            texts(&mut nets.with_prefix("10.0.0.0 . ")),
+            owned(&[("10.0.0.0 . tcp", None), ("10.0.0.0 . udp", None)]),
+            "an address's /len is part of its field"
         );
         assert_eq!(
             texts(&mut e.after(Some("b . 0"))),

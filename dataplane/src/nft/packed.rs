@@ -123,6 +123,12 @@ fn number(s: &str) -> Option<u16> {
     ok.then(|| s.parse().ok()).flatten()
 }
 
+/// Whether `rest`, what follows some whole fields of a key, goes on with the last of them (an
+/// address's `/len`) rather than starting another.
+pub fn continues_field(rest: &[u8]) -> bool {
+    rest.first() == Some(&PREFIX)
+}
+
 /// Where the first field of `bytes` ends (an address's `/len` included).
 pub fn first_field_len(bytes: &[u8]) -> Option<usize> {
     let (&tag, after) = bytes.split_first()?;
