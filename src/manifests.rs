@@ -625,6 +625,7 @@ fn decode_all(
 mod json;
 mod plain_yaml;
 mod print;
+mod turns;
 mod yaml;
 pub use print::Print;
 use yaml::yaml_options;

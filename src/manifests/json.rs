@@ -1,6 +1,7 @@
 //! JSON manifests: each document checked whole, then decoded straight into its type, a
 //! `List` item by item, without building a tree of the document.
 
+use super::turns;
 use super::{collect, ManifestError, Object, Print, Sink};
 use serde_json::value::RawValue;
 use std::path::Path;
@@ -159,74 +160,36 @@ fn collect_raw(
 /// How many of a list's items one thread decodes at a time.
 const CHUNK: usize = 256;
 
-/// A list's items, each through [`collect_raw`], on two threads: the chunks of [`CHUNK`]
-/// items go in turn to this thread, which hands each object on as it is decoded, and to a
-/// helper, whose chunks wait decoded (in a channel of two) until their turn. So the objects
-/// are handed on in the list's order, and on an error, `out` has had those before it, as
-/// decoding in one thread would. Decoding the items of a 10k-service list was a quarter of
-/// `sync --once`'s CPU time (perf); on two threads the command took 444 to 470 ms, against
-/// 502 to 569 ms on one, alternating in one run.
+/// A list's items, each through [`collect_raw`], on two threads ([`turns::in_order`]): the
+/// objects are handed on in the list's order, and on an error, `out` has had those before
+/// it, as decoding in one thread would. Decoding the items of a 10k-service list was a
+/// quarter of `sync --once`'s CPU time (perf); on two threads the command took 444 to 470
+/// ms, against 502 to 569 ms on one, alternating in one run.
 fn collect_items(
     items: &[&RawValue],
     path: &Path,
     printing: bool,
     out: Sink<'_>,
 ) -> Result<(), ManifestError> {
-    if items.len() <= CHUNK {
-        return items
-            .iter()
-            .try_for_each(|item| collect_raw(item, path, printing, out));
-    }
-    std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Decoded>(2);
-        let helper = std::thread::Builder::new()
-            .name("manifest-items".into())
-            // The stack of the manifest thread that reads files (`file_source::spawn`):
-            // whatever an item's nesting takes there, it takes here too.
-            .stack_size(8 << 20)
-            .spawn_scoped(scope, move || {
-                for chunk in items.chunks(CHUNK).skip(1).step_by(2) {
-                    let mut objects = Vec::with_capacity(chunk.len());
-                    let result = chunk.iter().try_for_each(|item| {
-                        collect_raw(item, path, printing, &mut |o, p| objects.push((o, p)))
-                    });
-                    let failed = result.is_err();
-                    // The receiver is gone once this thread's work is no longer wanted.
-                    if tx.send((objects, result)).is_err() || failed {
-                        return;
-                    }
-                }
+    let chunks: Vec<&[&RawValue]> = items.chunks(CHUNK).collect();
+    turns::in_order(
+        &chunks,
+        |chunk| {
+            let mut objects = Vec::with_capacity(chunk.len());
+            let result = chunk.iter().try_for_each(|item| {
+                collect_raw(item, path, printing, &mut |o, p| objects.push((o, p)))
             });
-        let mut rx = Some(rx);
-        for (k, chunk) in items.chunks(CHUNK).enumerate() {
-            let helped = match (&helper, &rx) {
-                (Ok(_), Some(rx)) if k % 2 == 1 => rx.recv().ok(),
-                _ => None,
-            };
-            match helped {
-                Some((objects, result)) => {
-                    for (o, p) in objects {
-                        out(o, p);
-                    }
-                    result?;
-                }
-                // This thread's turn, or the helper could not start or stopped.
-                None => {
-                    if k % 2 == 1 {
-                        rx = None;
-                    }
-                    chunk
-                        .iter()
-                        .try_for_each(|item| collect_raw(item, path, printing, out))?;
-                }
+            let failed = result.is_err();
+            ((objects, result), failed)
+        },
+        |(objects, result)| {
+            for (o, p) in objects {
+                out(o, p);
             }
-        }
-        Ok(())
-    })
+            result
+        },
+    )
 }
-
-/// A chunk of items decoded by the helper: its objects, and how the chunk ended.
-type Decoded = (Vec<(Object, Option<Print>)>, Result<(), ManifestError>);
 
 /// `raw` decoded into `T`, or `None` for the `Value` way to say why not.
 fn typed<T: serde::de::DeserializeOwned>(raw: &RawValue) -> Option<T> {

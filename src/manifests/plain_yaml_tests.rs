@@ -198,6 +198,26 @@ fn malformed_input_is_left_to_serde_saphyr_naming_the_line() {
         let decoded = read::<false>(text, &mut |_, _| {});
         assert_eq!(decoded.err().expect(text).line, line);
     }
+    // A list's items are read in chunks of 256 on two threads: the line is still the
+    // file's, in this thread's chunks (the first and third) and the helper's (the second),
+    // with the kind before the items or after them.
+    for bad_item in [3, 300, 600] {
+        let items: String = (0..700)
+            .map(|n| match n == bad_item {
+                true => "- a: 1\n  b: [x\n".to_string(),
+                false => format!("- a: {n}\n  b: x\n"),
+            })
+            .collect();
+        for (text, head) in [
+            (format!("items:\n{items}kind: List\n"), 1),
+            (format!("kind: List\n# two\nitems:\n{items}"), 3),
+        ] {
+            let bail = read::<false>(&text, &mut |_, _| {})
+                .err()
+                .expect("a flow sequence");
+            assert_eq!(bail.line, head + 2 * bad_item + 2, "item {bad_item}");
+        }
+    }
 }
 
 #[test]

@@ -749,6 +749,23 @@ fn plain_yaml_is_read_without_serde_saphyr_and_decodes_alike() {
             "{}---\nkind: List\nitems:\n{node}---\n- 1\n",
             kubectl_list(2, 1)
         ),
+        // Lists long enough to be read in chunks on two threads (256 items a chunk, the odd
+        // chunks on the helper): a bad item in a helper's chunk, then an unknown kind that is
+        // not reported; unknown kinds in three chunks, and a bad item in the last.
+        kubectl_list(300, 1),
+        format!(
+            "items:\n{}{bad}{}{unknown}{}kind: List\n",
+            node.repeat(300),
+            node.repeat(100),
+            node.repeat(200)
+        ),
+        format!(
+            "kind: List\nitems:\n{unknown}{}{unknown}{}{unknown}{bad}{node}",
+            node.repeat(300),
+            node.repeat(250)
+        ),
+        // A bad item in this thread's chunk: the helper's objects after it are not handed on.
+        format!("items:\n{bad}{}{unknown}kind: List\n", node.repeat(300)),
     ];
     for text in &inputs {
         let path = Path::new("x.yaml");
@@ -782,8 +799,8 @@ fn plain_yaml_is_read_without_serde_saphyr_and_decodes_alike() {
 }
 
 /// Where the plain reader gives up part way, serde-saphyr reads the file and the objects the
-/// plain reader had handed on are not handed on again; a list whose kind comes after its
-/// items hands on nothing before all of them have been read.
+/// plain reader had handed on are not handed on again, whether the list's kind came before
+/// its items or after them.
 #[test]
 fn yaml_the_plain_reader_gives_up_on_is_read_once_by_serde_saphyr() {
     let node = |n: usize| format!("- apiVersion: v1\n  kind: Node\n  metadata:\n    name: n{n}\n");
@@ -812,11 +829,37 @@ fn yaml_the_plain_reader_gives_up_on_is_read_once_by_serde_saphyr() {
         ["n1", "n2", "flow", "n3"],
         "each object once, in order"
     );
-    // Kind last, as kubectl prints it: nothing handed on by the plain reader.
-    let (got, by_plain, gave_up) = names(&format!("items:\n{}{flow}kind: List\n", node(1)));
+    // Kind last, as kubectl prints it: the items before the flow one are handed on once the
+    // kind has been read.
+    let (got, by_plain, gave_up) = names(&format!(
+        "items:\n{}{}{flow}{}kind: List\n",
+        node(1),
+        node(2),
+        node(3)
+    ));
+    assert!(gave_up);
+    assert_eq!(by_plain, 2);
+    assert_eq!(got, ["n1", "n2", "flow", "n3"]);
+    // In a long list, the helper's chunk (the second of 256 items) gives up: what came
+    // before the flow item is handed on by the plain reader, the rest by serde-saphyr.
+    let long: String = (0..600)
+        .map(|n| if n == 300 { flow.to_string() } else { node(n) })
+        .collect();
+    let (got, by_plain, gave_up) = names(&format!("items:\n{long}kind: List\n"));
+    assert!(gave_up);
+    assert_eq!(by_plain, 300);
+    let want: Vec<String> = (0..600)
+        .map(|n| match n {
+            300 => "flow".to_string(),
+            n => format!("n{n}"),
+        })
+        .collect();
+    assert_eq!(got, want, "each object once, in order");
+    // Not a list after all: nothing handed on, nothing decoded.
+    let (got, by_plain, gave_up) = names(&format!("items:\n{}{flow}kind: Other\n", node(1)));
     assert!(gave_up);
     assert_eq!(by_plain, 0);
-    assert_eq!(got, ["n1", "flow"]);
+    assert!(got.is_empty(), "{got:?}");
     // An earlier document read plainly, a later one not.
     let (got, by_plain, _) = names(&format!(
         "items:\n{}kind: List\n---\nitems:\n{flow}kind: List\n",

@@ -235,12 +235,17 @@ impl Listed {
         }
     }
 
-    /// [`Listed::add`], the objects handed to `each` rather than kept.
-    pub(super) fn hand_on(&mut self, item: Value, printing: bool, each: Sink<'_>) {
-        self.add(item, printing);
-        for (o, print) in self.objects.drain(..) {
+    /// The items of `later`, decoded as [`Listed::add`] decoded them, added after this one's:
+    /// its objects handed to `each`, unless an earlier item failed.
+    pub(super) fn follow(&mut self, later: Listed, each: Sink<'_>) {
+        if self.error.is_some() {
+            return;
+        }
+        for (o, print) in later.objects {
             each(o, print);
         }
+        self.ignored.extend(later.ignored);
+        self.error = later.error;
     }
 }
 
