@@ -96,20 +96,30 @@ fn value_into(d: &mut Attrs<'_>, text: &str, layout: &Fields) -> Option<()> {
 }
 
 /// One element of a set or map of [`Shape::Plain`], NFTA_LIST_ELEM and all, appended to
-/// `out` in place: 120k of them at 10k x 10 made three to eight short-lived vectors each
-/// when every part was built apart and copied in.
-fn plain_into(out: &mut Vec<u8>, key: &str, value: Option<&str>, layout: &Fields) -> Option<()> {
+/// `out` in place: the key's bytes by `key`, the value's attributes by `value` (none when
+/// deleting). 120k elements at 10k x 10 made three to eight short-lived vectors each when
+/// every part was built apart and copied in.
+fn plain_element_into(
+    out: &mut Vec<u8>,
+    key: impl FnOnce(&mut Vec<u8>) -> Option<()>,
+    value: Option<impl FnOnce(&mut Attrs<'_>) -> Option<()>>,
+) -> Option<()> {
     Attrs(out).nest_with(NFTA_LIST_ELEM, |e| {
-        e.nest_with(NFTA_SET_ELEM_KEY, |k| {
-            k.put_with(NFTA_DATA_VALUE, |b| {
-                fields_into(b, key, &layout.key, layout.addr_len)
-            })
-        })?;
+        e.nest_with(NFTA_SET_ELEM_KEY, |k| k.put_with(NFTA_DATA_VALUE, key))?;
         match value {
-            Some(v) => e.nest_with(NFTA_SET_ELEM_DATA, |d| value_into(d, v, layout)),
+            Some(v) => e.nest_with(NFTA_SET_ELEM_DATA, v),
             None => Some(()),
         }
     })
+}
+
+/// [`plain_element_into`] from the element's text.
+fn plain_into(out: &mut Vec<u8>, key: &str, value: Option<&str>, layout: &Fields) -> Option<()> {
+    plain_element_into(
+        out,
+        |b| fields_into(b, key, &layout.key, layout.addr_len),
+        value.map(|v| move |d: &mut Attrs<'_>| value_into(d, v, layout)),
+    )
 }
 
 fn element(key: &[u8], key_end: Option<&[u8]>, flags: u32, data: Option<&[u8]>) -> Vec<u8> {
@@ -194,17 +204,11 @@ pub(in crate::nft) fn encode_packed_into(
     if shape != Shape::Plain {
         return None;
     }
-    Attrs(out).nest_with(NFTA_LIST_ELEM, |e| {
-        e.nest_with(NFTA_SET_ELEM_KEY, |k| {
-            k.put_with(NFTA_DATA_VALUE, |b| {
-                packed_fields_into(b, key, &layout.key, layout.addr_len)
-            })
-        })?;
-        match value {
-            Some(v) => e.nest_with(NFTA_SET_ELEM_DATA, |d| packed_value_into(d, v, layout)),
-            None => Some(()),
-        }
-    })?;
+    plain_element_into(
+        out,
+        |b| packed_fields_into(b, key, &layout.key, layout.addr_len),
+        value.map(|v| move |d: &mut Attrs<'_>| packed_value_into(d, v, layout)),
+    )?;
     Some(1)
 }
 
