@@ -104,6 +104,11 @@ impl Generations {
         self.own_port = port;
     }
 
+    /// Whether `port` is the socket our own batches are committed on.
+    pub fn is_own(&self, port: u32) -> bool {
+        self.own_port == Some(port)
+    }
+
     /// A notification of one object, from the socket with `port`; true when it is someone
     /// else's change to our table.
     pub fn announced(&mut self, port: u32, names_our_table: bool) -> bool {
