@@ -131,6 +131,32 @@ mod tests {
         }
     }
 
+    /// However slow `take` is, the chunks worked and not yet taken stay few: the helper's in
+    /// the channel and at hand, and this thread's held ahead.
+    #[test]
+    fn a_slow_taker_holds_the_workers_back() {
+        use std::sync::atomic::AtomicUsize;
+        let chunks: Vec<u32> = (0..200).collect();
+        let (outstanding, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let result: Result<(), ()> = in_order(
+            &chunks,
+            |&c| {
+                let now = outstanding.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                (c, false)
+            },
+            |_| {
+                std::thread::sleep(std::time::Duration::from_micros(300));
+                outstanding.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            },
+        );
+        assert_eq!(result, Ok(()));
+        let most = most.load(Ordering::SeqCst);
+        // Two in the channel, one being sent, and what this thread holds.
+        assert!(most <= AHEAD + 4, "{most} chunks worked and not taken");
+    }
+
     /// Both threads work chunks when the work is slow enough for the helper to start.
     #[test]
     fn the_helper_works_chunks_too() {
