@@ -163,14 +163,21 @@ const CHUNK: usize = 256;
 /// A list's items, each through [`collect_raw`], on two threads ([`turns::in_order`]): the
 /// objects are handed on in the list's order, and on an error, `out` has had those before
 /// it, as decoding in one thread would. Decoding the items of a 10k-service list was a
-/// quarter of `sync --once`'s CPU time (perf); on two threads the command took 444 to 470
-/// ms, against 502 to 569 ms on one, alternating in one run.
+/// quarter of `sync --once`'s CPU time (perf); on two threads (in fixed turns then) the
+/// command took 444 to 470 ms, against 502 to 569 ms on one, alternating in one run.
 fn collect_items(
     items: &[&RawValue],
     path: &Path,
     printing: bool,
     out: Sink<'_>,
 ) -> Result<(), ManifestError> {
+    // One chunk's objects straight to `out`: a chunk's are collected before they are handed
+    // on, and a list nested in a short one would otherwise stand in memory whole.
+    if items.len() <= CHUNK {
+        return items
+            .iter()
+            .try_for_each(|item| collect_raw(item, path, printing, out));
+    }
     let chunks: Vec<&[&RawValue]> = items.chunks(CHUNK).collect();
     turns::in_order(
         &chunks,

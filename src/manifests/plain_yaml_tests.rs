@@ -199,7 +199,7 @@ fn malformed_input_is_left_to_serde_saphyr_naming_the_line() {
         assert_eq!(decoded.err().expect(text).line, line);
     }
     // A list's items are read in chunks of 256 on two threads: the line is still the
-    // file's, in this thread's chunks (the first and third) and the helper's (the second),
+    // file's, in the first, second and third chunk (whichever thread read it),
     // with the kind before the items or after them.
     for bad_item in [3, 300, 600] {
         let items: String = (0..700)

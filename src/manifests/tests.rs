@@ -610,8 +610,8 @@ fn prints_follow_each_objects_text() {
 }
 
 /// A list longer than one thread's chunk is decoded on two threads and handed on in order:
-/// the same objects as the tree gave, and a bad item, in the helper's chunk or in this
-/// thread's, fails the file with the tree's error after exactly the objects before it.
+/// the same objects as the tree gave, and a bad item in any chunk, whichever thread decoded
+/// it, fails the file with the tree's error after exactly the objects before it.
 #[test]
 fn long_json_lists_decode_on_two_threads_in_order() {
     let list: serde_json::Value =
@@ -624,8 +624,7 @@ fn long_json_lists_decode_on_two_threads_in_order() {
         format!("{objects:?}"),
         format!("{:?}", parse_json_as_trees(&text, path).unwrap())
     );
-    // Items 300 and 600: the helper's second chunk of 256 begins at 256, this thread's
-    // third at 512.
+    // Items 300 and 600: the second chunk of 256 begins at 256, the third at 512.
     for bad in [300, 600, 1199] {
         let mut broken = list.clone();
         broken["items"][bad]["metadata"]["name"] = serde_json::json!(7);
@@ -749,9 +748,9 @@ fn plain_yaml_is_read_without_serde_saphyr_and_decodes_alike() {
             "{}---\nkind: List\nitems:\n{node}---\n- 1\n",
             kubectl_list(2, 1)
         ),
-        // Lists long enough to be read in chunks on two threads (256 items a chunk, the odd
-        // chunks on the helper): a bad item in a helper's chunk, then an unknown kind that is
-        // not reported; unknown kinds in three chunks, and a bad item in the last.
+        // Lists long enough to be read in chunks of 256 on two threads, whichever is free: a
+        // bad item in the second chunk, then items after it not decoded; other kinds in
+        // three chunks (reported only in the debug log), and a bad item in the last.
         kubectl_list(300, 1),
         format!(
             "items:\n{}{bad}{}{unknown}{}kind: List\n",
@@ -764,7 +763,7 @@ fn plain_yaml_is_read_without_serde_saphyr_and_decodes_alike() {
             node.repeat(300),
             node.repeat(250)
         ),
-        // A bad item in this thread's chunk: the helper's objects after it are not handed on.
+        // A bad item in the first chunk: the later chunks' objects are not handed on.
         format!("items:\n{bad}{}{unknown}kind: List\n", node.repeat(300)),
     ];
     for text in &inputs {
@@ -840,7 +839,7 @@ fn yaml_the_plain_reader_gives_up_on_is_read_once_by_serde_saphyr() {
     assert!(gave_up);
     assert_eq!(by_plain, 2);
     assert_eq!(got, ["n1", "n2", "flow", "n3"]);
-    // In a long list, the helper's chunk (the second of 256 items) gives up: what came
+    // In a long list, the second chunk of 256 items gives up: what came
     // before the flow item is handed on by the plain reader, the rest by serde-saphyr.
     let long: String = (0..600)
         .map(|n| if n == 300 { flow.to_string() } else { node(n) })

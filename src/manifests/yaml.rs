@@ -217,7 +217,8 @@ pub(super) enum Items {
 pub(super) struct Listed {
     objects: Vec<(Object, Option<Print>)>,
     ignored: Vec<(String, String, String)>,
-    /// The first item that did not decode; the items after it are parsed, not decoded.
+    /// The first item that did not decode; the items after it are parsed, not decoded (those
+    /// of later chunks read on another thread are decoded and dropped, [`Listed::follow`]).
     error: Option<Undecodable>,
 }
 
