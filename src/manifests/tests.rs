@@ -839,8 +839,8 @@ fn yaml_the_plain_reader_gives_up_on_is_read_once_by_serde_saphyr() {
     assert!(gave_up);
     assert_eq!(by_plain, 2);
     assert_eq!(got, ["n1", "n2", "flow", "n3"]);
-    // In a long list, the second chunk of 256 items gives up: what came
-    // before the flow item is handed on by the plain reader, the rest by serde-saphyr.
+    // In a long list, the second chunk of 256 items gives up: what came before the flow
+    // item is handed on by the plain reader, the rest by serde-saphyr.
     let long: String = (0..600)
         .map(|n| if n == 300 { flow.to_string() } else { node(n) })
         .collect();
