@@ -1,5 +1,6 @@
 //! Pure-work benchmarks: layout (snapshot to desired tables) and diff (to a transaction) at
-//! 1k, 10k and 30k services x 10 endpoints, cold (against an empty kernel) and for one change;
+//! 1k, 10k and 30k services x 10 endpoints, cold (against an empty kernel) and for one change
+//! (laid out whole, or in place as a partial sync does);
 //! the iptables layout and its cold restore input; IPVS mode's plan and its partial sync on
 //! the fake kernel.
 
@@ -40,6 +41,23 @@ fn bench(c: &mut Criterion) {
                 })
             },
         );
+        // What a partial sync does for one changed EndpointSlice: lay out the one service
+        // again in place, and the transaction of what that touched.
+        let (mut rs, mut index, _) = dataplane::nft::plan::layout(&snap, &empty);
+        let mut snap = snap;
+        let mut generation = 0;
+        g.bench_function(BenchmarkId::new("update_and_patch_one_change", n), |b| {
+            b.iter(|| {
+                generation += 1;
+                let i = (generation as usize * 7919) % n;
+                synth::replace_endpoint(&mut snap, i, 3, generation);
+                let changed =
+                    std::collections::BTreeSet::from([("bench".to_string(), format!("svc-{i}"))]);
+                let touched = dataplane::nft::plan::update(&snap, &mut rs, &mut index, &changed)
+                    .expect("no front end is contested");
+                black_box(dataplane::nft::diff::patch(&rs, &touched))
+            })
+        });
     }
     g.finish();
 

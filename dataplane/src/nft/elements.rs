@@ -190,6 +190,17 @@ fn key_bytes(key: &str) -> Vec<u8> {
     b
 }
 
+/// What [`Elements::insert_changed`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Put {
+    /// The element held that value already.
+    Unchanged,
+    /// The key was not in.
+    Added,
+    /// The key held this other value.
+    Replaced(Option<String>),
+}
+
 /// Key to value (`None` in a plain set), ordered by key. A clone shares the tree.
 #[derive(Clone, Default)]
 pub struct Elements(Arc<BTreeSet<Element>>);
@@ -225,6 +236,24 @@ impl Elements {
     /// Put `key` in with `value`; returns the value it replaced, if `key` was in.
     pub fn insert(&mut self, key: &str, value: Option<&str>) -> Option<Option<String>> {
         self.put(Element::new(key, value))
+    }
+
+    /// [`Elements::insert`], but an element that already holds `value` is left as it is
+    /// (a shared tree stays shared): what a layout in place writes back is mostly unchanged.
+    pub fn insert_changed(&mut self, key: &str, value: Option<&str>) -> Put {
+        let e = Element::new(key, value);
+        match self.0.get(e.key().0) {
+            Some(held) if held.value() == e.value() => return Put::Unchanged,
+            Some(held) => {
+                let old = held.value().map(|v| v.text());
+                Arc::make_mut(&mut self.0).replace(e);
+                Put::Replaced(old)
+            }
+            None => {
+                Arc::make_mut(&mut self.0).insert(e);
+                Put::Added
+            }
+        }
     }
 
     /// [`Elements::insert`] of another tree's element.
@@ -482,6 +511,29 @@ mod tests {
         let mut d = b.clone();
         d.compact();
         assert_eq!(d, b, "compacting a shared tree changed what it holds");
+    }
+
+    #[test]
+    fn an_insert_that_changes_nothing_says_so_and_keeps_the_tree_shared() {
+        let mut a: Elements = [("10.0.0.1 . tcp . 80 . 0", Some("10.1.0.1 . 8080"))]
+            .into_iter()
+            .collect();
+        let b = a.clone();
+        let key = "10.0.0.1 . tcp . 80 . 0";
+        assert_eq!(
+            a.insert_changed(key, Some("10.1.0.1 . 8080")),
+            Put::Unchanged
+        );
+        assert!(a.shares_with(&b), "an unchanged element copied the tree");
+        assert_eq!(
+            a.insert_changed(key, Some("10.1.0.2 . 8080")),
+            Put::Replaced(Some("10.1.0.1 . 8080".into()))
+        );
+        assert_eq!(a.text_of(key), Some(Some("10.1.0.2 . 8080".into())));
+        assert_eq!(b.text_of(key), Some(Some("10.1.0.1 . 8080".into())));
+        assert_eq!(a.insert_changed("10.0.0.2", None), Put::Added);
+        assert_eq!(a.insert_changed("10.0.0.2", None), Put::Unchanged);
+        assert_eq!(a.len(), 2);
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! Slots are assigned stably against the previous state: an endpoint keeps its slot while it
 //! stays, and a removed one's slot is refilled by the last, so a change costs O(changed).
 
+use super::elements::Put;
 use super::ownership::{self, FamilyIndex, Index, Record, Shared, Touched};
 use super::sizing;
 pub use super::skeleton::{
@@ -34,7 +35,7 @@ use crate::model::{
     ServicePortName, SessionAffinity, Snapshot, TrafficPolicy,
 };
 use crate::selection;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 
 /// Verdict for a front end whose service has no endpoints at all.
@@ -227,6 +228,31 @@ fn is_frontend_map(set: &str) -> bool {
     .contains(&set)
 }
 
+/// In place: what the service ports laid out again held before, until a port claims it
+/// again; what is left when all are laid out is taken out ([`Builder::sweep`]). Taking a
+/// port out first and putting it back wrote each of its elements twice (and text for each
+/// into the transaction's record), where a one-endpoint change alters one or two of them.
+#[derive(Default)]
+struct Freed {
+    /// Elements only they held, by set.
+    elements: BTreeMap<&'static str, BTreeSet<String>>,
+    /// Backend slots by map and front-end key: the first not claimed again, and how many
+    /// there were.
+    slots: BTreeMap<&'static str, BTreeMap<String, (usize, usize)>>,
+    /// Counts they held of shared elements and load-balancing chains, released at the end
+    /// so that what the new layout holds too is never taken out.
+    shared: Vec<(Shared, IpAddr)>,
+    lb: Vec<(LbKind, usize)>,
+}
+
+impl Freed {
+    fn holds(&self, set: &str, key: &str) -> bool {
+        self.elements
+            .get(set)
+            .is_some_and(|keys| keys.contains(key))
+    }
+}
+
 /// Mutable state while laying out one family, from scratch or in place.
 struct Builder<'a> {
     node: &'a NodeConfig,
@@ -234,10 +260,10 @@ struct Builder<'a> {
     table: Table,
     index: FamilyIndex,
     /// Where previous slots are read: the previous table for a layout from scratch; `None`
-    /// in place, where `removed` holds the slots of the service ports just taken out.
+    /// in place, where the table still holds the slots of the service ports laid out again.
     prev: Option<&'a Table>,
-    removed: Table,
-    /// In place: the old value of everything touched, for the transaction.
+    freed: Freed,
+    /// In place: the old value of everything changed, for the transaction.
     touched: Option<Touched>,
     conflicts: Vec<String>,
 }
@@ -250,36 +276,41 @@ impl<'a> Builder<'a> {
             table,
             index,
             prev: None,
-            removed: Table::default(),
+            freed: Freed::default(),
             touched: None,
             conflicts: Vec::new(),
         }
     }
 
-    fn touch(&mut self, set: &'static str, key: &str) {
-        let Some(t) = self.touched.as_mut() else {
-            return;
-        };
-        let table = &self.table;
-        t.elements.entry((set, key.to_string())).or_insert_with(|| {
-            table
-                .sets
-                .get(set)
-                .and_then(|s| s.elements.get(key))
-                .map(|v| v.map(|v| v.text()))
-        });
-    }
-
-    fn put(&mut self, set: &'static str, key: String, value: Option<String>) {
-        self.touch(set, &key);
-        if let Some(s) = self.table.sets.get_mut(set) {
-            s.elements.insert(&key, value.as_deref());
+    /// Record `old` as what `set`'s `key` held before the update, unless it changed earlier.
+    fn changed(&mut self, set: &'static str, key: &str, old: Option<Option<String>>) {
+        if let Some(t) = self.touched.as_mut() {
+            t.elements.entry((set, key.to_string())).or_insert(old);
         }
     }
 
-    fn take(&mut self, set: &'static str, key: &str) -> Option<Option<String>> {
-        self.touch(set, key);
-        self.table.sets.get_mut(set)?.elements.remove(key)
+    fn put(&mut self, set: &'static str, key: &str, value: Option<&str>) {
+        let Some(s) = self.table.sets.get_mut(set) else {
+            return;
+        };
+        if self.touched.is_none() {
+            s.elements.insert(key, value);
+            return;
+        }
+        match s.elements.insert_changed(key, value) {
+            Put::Unchanged => {}
+            Put::Added => self.changed(set, key, None),
+            Put::Replaced(old) => self.changed(set, key, Some(old)),
+        }
+    }
+
+    fn take(&mut self, set: &'static str, key: &str) {
+        let Some(s) = self.table.sets.get_mut(set) else {
+            return;
+        };
+        if let Some(old) = s.elements.remove(key) {
+            self.changed(set, key, Some(old));
+        }
     }
 
     fn touch_chain(&mut self, name: &str) {
@@ -299,14 +330,17 @@ impl<'a> Builder<'a> {
         key: String,
         value: Option<String>,
     ) {
-        rec.elements.push((set, key.clone()));
-        self.put(set, key, value);
+        if let Some(keys) = self.freed.elements.get_mut(set) {
+            keys.remove(&key);
+        }
+        self.put(set, &key, value.as_deref());
+        rec.elements.push((set, key));
     }
 
     /// An element other service ports may hold too.
     fn put_shared(&mut self, rec: &mut Record, set: Shared, ip: IpAddr) {
         if self.index.hold(set, ip) {
-            self.put(set.set(), set.key(ip), None);
+            self.put(set.set(), &set.key(ip), None);
         }
         rec.shared.push((set, ip));
     }
@@ -321,18 +355,17 @@ impl<'a> Builder<'a> {
         rec.lb.push((kind, n));
     }
 
+    /// Whether another service port holds `set`'s `key`.
     fn taken(&self, set: &str, key: &str) -> bool {
         self.table
             .sets
             .get(set)
             .is_some_and(|s| s.elements.contains_key(key))
+            && !self.freed.holds(set, key)
     }
 
     fn previous(&self, backends: &str) -> Option<&Set> {
-        match self.prev {
-            Some(t) => t.sets.get(backends),
-            None => self.removed.sets.get(backends),
-        }
+        self.prev.unwrap_or(&self.table).sets.get(backends)
     }
 
     /// The slots of `eps` behind `key` in `backends`, and the load-balancing chain of `kind`
@@ -350,7 +383,15 @@ impl<'a> Builder<'a> {
         let slots = assign_slots(&prev, &wanted);
         let n = slots.len();
         for (i, v) in slots.into_iter().enumerate() {
-            self.put(backends, ownership::slot_key(key, i), Some(v));
+            self.put(backends, &ownership::slot_key(key, i), Some(&v));
+        }
+        if let Some(held) = self
+            .freed
+            .slots
+            .get_mut(backends)
+            .and_then(|keys| keys.get_mut(key))
+        {
+            held.0 = held.0.max(n);
         }
         rec.slots.push((backends, key.to_string(), n));
         self.use_chain(rec, kind, n);
@@ -433,7 +474,6 @@ impl<'a> Builder<'a> {
     }
 
     fn service(&mut self, svc: &ServicePort, endpoints: &[Endpoint]) {
-        self.remove_port(&svc.name);
         let sel = selection::select(self.node, svc, endpoints);
         let has_any = !sel.cluster.is_empty();
         let internal = selection::internal(svc, &sel).to_vec();
@@ -498,34 +538,43 @@ impl<'a> Builder<'a> {
         self.index.insert(svc.name.clone(), rec);
     }
 
-    /// Take out everything one service port contributed; its backend slots go to `removed`,
-    /// so that laying it out again keeps them.
-    fn remove_port(&mut self, name: &ServicePortName) {
+    /// In place: take service port `name` out of the index; what it held stays in the
+    /// table, freed, until the layout claims it again or [`Builder::sweep`] takes it out.
+    fn free(&mut self, name: &ServicePortName) {
         let Some(rec) = self.index.remove(name) else {
             return;
         };
         for (set, key) in rec.elements {
-            self.take(set, &key);
+            self.freed.elements.entry(set).or_default().insert(key);
         }
-        for (set, ip) in rec.shared {
+        for (set, key, n) in rec.slots {
+            self.freed.slots.entry(set).or_default().insert(key, (0, n));
+        }
+        self.freed.shared.extend(rec.shared);
+        self.freed.lb.extend(rec.lb);
+    }
+
+    /// Take out what the freed service ports held and the new layout does not.
+    fn sweep(&mut self) {
+        let freed = std::mem::take(&mut self.freed);
+        for (set, keys) in freed.elements {
+            for key in keys {
+                self.take(set, &key);
+            }
+        }
+        for (set, keys) in freed.slots {
+            for (key, (first, n)) in keys {
+                for i in first..n {
+                    self.take(set, &ownership::slot_key(&key, i));
+                }
+            }
+        }
+        for (set, ip) in freed.shared {
             if self.index.release(set, ip) {
                 self.take(set.set(), &set.key(ip));
             }
         }
-        for (set, key, n) in rec.slots {
-            for i in 0..n {
-                let key = ownership::slot_key(&key, i);
-                if let Some(value) = self.take(set, &key) {
-                    self.removed
-                        .sets
-                        .entry(set.to_string())
-                        .or_default()
-                        .elements
-                        .insert(&key, value.as_deref());
-                }
-            }
-        }
-        for (kind, n) in rec.lb {
+        for (kind, n) in freed.lb {
             if self.index.drop_chain((kind, n)) {
                 let name = kind.chain(n);
                 self.touch_chain(&name);
@@ -545,11 +594,11 @@ fn family_table(
     let mut b = Builder::new(node, family, skeleton(node, family), FamilyIndex::default());
     b.prev = prev;
     for net in disjoint_cidrs(&node.service_cidrs, family) {
-        b.put(SET_SERVICE_CIDRS, cidr_text(&net), None);
+        b.put(SET_SERVICE_CIDRS, &cidr_text(&net), None);
     }
     if let NodePortAddresses::Cidrs(cidrs) = &node.node_port_addresses {
         for net in disjoint_cidrs(cidrs, family) {
-            b.put(SET_NODEPORT_ADDRS, cidr_text(&net), None);
+            b.put(SET_NODEPORT_ADDRS, &cidr_text(&net), None);
         }
     }
     for ((name, fam), svc) in &snapshot.services {
@@ -689,7 +738,7 @@ pub fn update(
         b.touched = Some(Touched::default());
         for (ns, name) in changed {
             for port in b.index.ports_of(ns, name) {
-                b.remove_port(&port);
+                b.free(&port);
             }
         }
         for (ns, name) in changed {
@@ -697,6 +746,7 @@ pub fn update(
                 b.service(svc, snapshot.endpoints_of(&svc.name));
             }
         }
+        b.sweep();
         ruleset.tables.insert(family, b.table);
         index.families.insert(family, b.index);
         out.push((family, b.touched.unwrap_or_default()));

@@ -223,6 +223,14 @@ fn in_place_updates_equal_whole_layouts_over_a_random_walk() {
                 );
                 assert_eq!(got, want, "step {step}: ruleset");
                 assert_eq!(got_index, want_index, "step {step}: index");
+                // Only what changed is recorded: an element written back as it was is not.
+                for (family, t) in &touched {
+                    let table = got.table(*family).unwrap();
+                    for ((set, key), old) in &t.elements {
+                        let now = table.sets.get(*set).and_then(|s| s.elements.text_of(key));
+                        assert_ne!(old, &now, "step {step}: {set} {key} recorded unchanged");
+                    }
+                }
                 let tx = patch(&got, &touched);
                 let patched =
                     apply(&rs, &tx).unwrap_or_else(|e| panic!("step {step}: {e}\n{}", tx.to_nft()));
