@@ -243,7 +243,7 @@ impl Elements {
     pub fn insert_changed(&mut self, key: &str, value: Option<&str>) -> Put {
         let e = Element::new(key, value);
         match self.0.get(e.key().0) {
-            Some(held) if held.value() == e.value() => return Put::Unchanged,
+            Some(held) if held.value() == e.value() => Put::Unchanged,
             Some(held) => {
                 let old = held.value().map(|v| v.text());
                 Arc::make_mut(&mut self.0).replace(e);
