@@ -356,6 +356,15 @@ fn write_typed(out: &mut Vec<u8>, o: &Value, kind: &str, api_version: &str) {
 }
 
 /// A watch event line.
+/// One watch event's line as kube-apiserver writes it: `type` before `object`, the field
+/// order of apimachinery's `metav1.WatchEvent` (`pkg/apis/meta/v1/watch.go`). serde_json's
+/// `json!` sorts keys, putting `object` first, and a decoder that meets the object before
+/// the type must buffer it whole before reading it as its type (serde's `Content`), work
+/// the agent does not do against a real API server.
+fn event_line(ty: &str, object: &Value) -> String {
+    format!("{{\"type\":\"{ty}\",\"object\":{object}}}")
+}
+
 fn write_event(out: &mut Vec<u8>, ty: &str, o: &Value, kind: &str, api_version: &str) {
     out.extend_from_slice(format!("{{\"type\":\"{ty}\",\"object\":").as_bytes());
     write_typed(out, o, kind, api_version);
@@ -480,11 +489,6 @@ fn answer(mut stream: TcpStream, shared: Arc<Shared>, generation: u64) {
     let labels = params.get("labelSelector").cloned().unwrap_or_default();
     let fields = params.get("fieldSelector").cloned().unwrap_or_default();
     let selected = |o: &Value| labels_match(&labels, o) && fields_match(&fields, o);
-    let with_type = |mut o: Value| {
-        o["kind"] = json!(kind);
-        o["apiVersion"] = json!(api_version);
-        o
-    };
 
     if params.get("watch").map(String::as_str) != Some("true") {
         let st = shared.state.lock().unwrap();
@@ -525,11 +529,14 @@ fn answer(mut stream: TcpStream, shared: Arc<Shared>, generation: u64) {
     let streaming = params.get("sendInitialEvents").map(String::as_str) == Some("true");
     // A streaming list starts from the current state, whatever was compacted.
     if !streaming && from < st.compacted {
-        let gone = json!({"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},
+        let gone = event_line(
+            "ERROR",
+            &json!({"kind":"Status","apiVersion":"v1","metadata":{},
             "status":"Failure","message":format!("too old resource version: {from} ({})", st.compacted),
-            "reason":"Expired","code":410}});
+            "reason":"Expired","code":410}),
+        );
         drop(st);
-        let _ = chunk(&mut stream, &gone.to_string()).and_then(|_| stream.write_all(b"0\r\n\r\n"));
+        let _ = chunk(&mut stream, &gone).and_then(|_| stream.write_all(b"0\r\n\r\n"));
         return;
     }
     // The streaming list (client-go's WatchList, on in kube-proxy v1.37): the current state
@@ -545,10 +552,13 @@ fn answer(mut stream: TcpStream, shared: Arc<Shared>, generation: u64) {
         if send_lines(&mut stream, &initial).is_err() {
             return;
         }
-        let end = json!({"type":"BOOKMARK","object":{"kind":kind,"apiVersion":api_version,
+        let end = event_line(
+            "BOOKMARK",
+            &json!({"kind":kind,"apiVersion":api_version,
             "metadata":{"resourceVersion": rv_now.to_string(),
-                "annotations": {"k8s.io/initial-events-end": "true"}}}});
-        if chunk(&mut stream, &end.to_string()).is_err() {
+                "annotations": {"k8s.io/initial-events-end": "true"}}}),
+        );
+        if chunk(&mut stream, &end).is_err() {
             return;
         }
         from = rv_now;
@@ -569,16 +579,20 @@ fn answer(mut stream: TcpStream, shared: Arc<Shared>, generation: u64) {
         let rv_now = st.rv;
         drop(st);
         for (rv, ty, obj) in events {
-            let ev = json!({"type": ty, "object": with_type(obj)});
-            if chunk(&mut stream, &ev.to_string()).is_err() {
+            let mut line = Vec::new();
+            write_event(&mut line, ty, &obj, kind, api_version);
+            if chunk(&mut stream, &String::from_utf8_lossy(line.trim_ascii_end())).is_err() {
                 return;
             }
             from = rv;
         }
         if bookmarks && last_bookmark.elapsed() > Duration::from_secs(1) {
-            let bm = json!({"type":"BOOKMARK","object":{"kind":kind,"apiVersion":api_version,
-                "metadata":{"resourceVersion": rv_now.to_string()}}});
-            if chunk(&mut stream, &bm.to_string()).is_err() {
+            let bm = event_line(
+                "BOOKMARK",
+                &json!({"kind":kind,"apiVersion":api_version,
+                "metadata":{"resourceVersion": rv_now.to_string()}}),
+            );
+            if chunk(&mut stream, &bm).is_err() {
                 return;
             }
             from = from.max(rv_now);
