@@ -241,7 +241,21 @@ impl Elements {
     /// [`Elements::insert`], but an element that already holds `value` is left as it is
     /// (a shared tree stays shared): what a layout in place writes back is mostly unchanged.
     pub fn insert_changed(&mut self, key: &str, value: Option<&str>) -> Put {
-        let e = Element::new(key, value);
+        self.put_changed(Element::new(key, value))
+    }
+
+    /// [`Elements::insert_changed`] of a key and value in their compact form, as
+    /// [`super::packed`] builds them.
+    pub fn insert_changed_packed(&mut self, key: &[u8], value: Option<&[u8]>) -> Put {
+        self.put_changed(Element::from_parts(Packed(key), value.map(Packed)))
+    }
+
+    /// [`Elements::insert`] of a key and value in their compact form.
+    pub fn insert_bytes(&mut self, key: &[u8], value: Option<&[u8]>) {
+        self.put(Element::from_parts(Packed(key), value.map(Packed)));
+    }
+
+    fn put_changed(&mut self, e: Element) -> Put {
         match self.0.get(e.key().0) {
             Some(held) if held.value() == e.value() => Put::Unchanged,
             Some(held) => {
@@ -348,6 +362,18 @@ impl Elements {
                 true => !packed::continues_field(&k.0[len..]),
                 false => k.0.len() == len,
             })
+    }
+
+    /// [`Elements::with_prefix`] of whole fields in their compact form.
+    pub fn with_packed_prefix<'a>(
+        &'a self,
+        start: &'a [u8],
+    ) -> impl Iterator<Item = (Packed<'a>, Option<Packed<'a>>)> + 'a {
+        self.0
+            .range::<[u8], _>((Bound::Included(start), Bound::Unbounded))
+            .map(|e| (e.key(), e.value()))
+            .take_while(move |(k, _)| k.0.starts_with(start))
+            .filter(move |(k, _)| !packed::continues_field(&k.0[start.len()..]))
     }
 
     /// The elements whose keys come after `key` (all of them for `None`), in key order.

@@ -7,7 +7,7 @@
 //! keys begin with given fields sit together in a tree ordered by these bytes.
 
 use std::fmt::{self, Write as _};
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 const V4: u8 = 1;
 const V6: u8 = 2;
@@ -52,6 +52,39 @@ pub fn pack_prefix(prefix: &str) -> Vec<u8> {
         None => pack(prefix, &mut out),
     }
     out
+}
+
+/// Append the field [`pack`] writes for `ip`'s text, without the text.
+pub fn push_addr(ip: IpAddr, out: &mut Vec<u8>) {
+    match ip {
+        IpAddr::V4(a) => {
+            out.push(V4);
+            out.extend_from_slice(&a.octets());
+        }
+        IpAddr::V6(a) => {
+            out.push(V6);
+            out.extend_from_slice(&a.octets());
+        }
+    }
+}
+
+/// Append the field [`pack`] writes for `n`'s text (a port, a backend slot).
+pub fn push_number(n: usize, out: &mut Vec<u8>) {
+    match u16::try_from(n) {
+        Ok(n) => {
+            out.push(NUM);
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+        Err(_) => field_into(&n.to_string(), out),
+    }
+}
+
+/// The number `bytes` holds if it is one number field and nothing else.
+pub fn as_number(bytes: &[u8]) -> Option<u16> {
+    match bytes {
+        [NUM, hi, lo] => Some(u16::from_be_bytes([*hi, *lo])),
+        _ => None,
+    }
 }
 
 fn field_into(field: &str, out: &mut Vec<u8>) {
@@ -330,6 +363,32 @@ mod tests {
         pack(text, &mut b);
         assert_eq!(super::text(&b), text, "{text:?} did not come back");
         b
+    }
+
+    #[test]
+    fn fields_built_from_values_are_those_packed_from_their_text() {
+        for ip in [
+            "10.0.0.1",
+            "fd00::1",
+            "::ffff:10.0.0.1",
+            "2001:db8::8:800:200c:417a",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let (mut built, mut packed) = (Vec::new(), Vec::new());
+            push_addr(ip, &mut built);
+            pack(&ip.to_string(), &mut packed);
+            assert_eq!(built, packed, "{ip}");
+        }
+        for n in [0usize, 7, 8443, 65535, 65536, 1 << 20] {
+            let (mut built, mut packed) = (Vec::new(), Vec::new());
+            push_number(n, &mut built);
+            pack(&n.to_string(), &mut packed);
+            assert_eq!(built, packed, "{n}");
+            assert_eq!(as_number(&built), u16::try_from(n).ok(), "{n}");
+        }
+        let mut two = Vec::new();
+        pack("80 . 0", &mut two);
+        assert_eq!(as_number(&two), None, "two fields are not one number");
     }
 
     #[test]
