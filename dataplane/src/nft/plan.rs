@@ -242,9 +242,12 @@ struct Freed {
     /// Backend slots by map and front-end key: the first not claimed again, and how many
     /// there were.
     slots: BTreeMap<&'static str, BTreeMap<String, (usize, usize)>>,
-    /// Counts they held of shared elements and load-balancing chains, released at the end
-    /// so that what the new layout holds too is never taken out.
-    shared: Vec<(Shared, IpAddr)>,
+    /// Counts they held of shared elements, passed on as they are to the new layout where it
+    /// holds the same (each hold and release was a search of a large tree: an endpoint
+    /// change's ten hairpin elements cost twenty), the rest released at the end.
+    shared: BTreeMap<(Shared, IpAddr), usize>,
+    /// Counts they held of load-balancing chains, released at the end so that what the new
+    /// layout holds too is never taken out.
     lb: Vec<(LbKind, usize)>,
 }
 
@@ -358,10 +361,17 @@ impl<'a> Builder<'a> {
 
     /// An element other service ports may hold too.
     fn put_shared(&mut self, rec: &mut Record, set: Shared, ip: IpAddr) {
+        rec.shared.push((set, ip));
+        if let Some(n) = self.freed.shared.get_mut(&(set, ip)) {
+            *n -= 1;
+            if *n == 0 {
+                self.freed.shared.remove(&(set, ip));
+            }
+            return;
+        }
         if self.index.hold(set, ip) {
             self.put(set.set(), &set.key(ip), None);
         }
-        rec.shared.push((set, ip));
     }
 
     fn use_chain(&mut self, rec: &mut Record, kind: LbKind, n: usize) {
@@ -404,7 +414,12 @@ impl<'a> Builder<'a> {
         let prev = previous_slots(self.previous(backends), &slot_key);
         let slots = assign_slots(&prev, &wanted);
         let n = slots.len();
+        // In place, the table holds `prev`: a slot that keeps its endpoint is left alone.
+        let held = if self.prev.is_none() { &prev[..] } else { &[] };
         for (i, v) in slots.iter().enumerate() {
+            if held.get(i).is_some_and(|p| p.as_ref() == Some(v)) {
+                continue;
+            }
             slot_key.truncate(front);
             packed::push_number(i, &mut slot_key);
             self.put_packed(backends, &slot_key, Some(v));
@@ -574,7 +589,9 @@ impl<'a> Builder<'a> {
         for (set, key, n) in rec.slots {
             self.freed.slots.entry(set).or_default().insert(key, (0, n));
         }
-        self.freed.shared.extend(rec.shared);
+        for held in rec.shared {
+            *self.freed.shared.entry(held).or_insert(0) += 1;
+        }
         self.freed.lb.extend(rec.lb);
     }
 
@@ -593,9 +610,11 @@ impl<'a> Builder<'a> {
                 }
             }
         }
-        for (set, ip) in freed.shared {
-            if self.index.release(set, ip) {
-                self.take(set.set(), &set.key(ip));
+        for ((set, ip), n) in freed.shared {
+            for _ in 0..n {
+                if self.index.release(set, ip) {
+                    self.take(set.set(), &set.key(ip));
+                }
             }
         }
         for (kind, n) in freed.lb {
