@@ -38,6 +38,7 @@ use crate::model::{
 use crate::selection;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
+use std::ops::Range;
 
 /// Verdict for a front end whose service has no endpoints at all.
 const REJECT: &str = "goto reject-chain";
@@ -75,11 +76,17 @@ pub fn assign_slots<T: Ord + Clone>(previous: &[Option<T>], wanted: &[T]) -> Vec
 /// key `front` in its compact form, values in theirs. Slots are compared and written in the
 /// compact form, not as text: formatting and parsing each slot's key and value was a third
 /// of laying a service out again (perf, `agent_e2e` at 10k).
-fn previous_slots(prev: Option<&Set>, front: &[u8]) -> Vec<Option<Vec<u8>>> {
+///
+/// The values are copied end to end into `buf`, and each slot's is a range of it.
+fn previous_slots(
+    prev: Option<&Set>,
+    front: &[u8],
+    buf: &mut Vec<u8>,
+) -> Vec<Option<Range<usize>>> {
     let Some(set) = prev else {
         return Vec::new();
     };
-    let mut out: Vec<Option<Vec<u8>>> = Vec::new();
+    let mut out: Vec<Option<Range<usize>>> = Vec::new();
     for (key, value) in set.elements.with_packed_prefix(front) {
         let slot = packed::as_number(&key.bytes()[front.len()..]);
         if let (Some(i), Some(v)) = (slot, value) {
@@ -87,18 +94,24 @@ fn previous_slots(prev: Option<&Set>, front: &[u8]) -> Vec<Option<Vec<u8>>> {
             if out.len() <= i {
                 out.resize(i + 1, None);
             }
-            out[i] = Some(v.bytes().to_vec());
+            let start = buf.len();
+            buf.extend_from_slice(v.bytes());
+            out[i] = Some(start..buf.len());
         }
     }
     out
 }
 
-/// A backend slot's value, `address . port`, in its compact form.
-fn backend_value(e: &Endpoint) -> Vec<u8> {
-    let mut v = Vec::with_capacity(20);
-    packed::push_addr(e.ip, &mut v);
-    packed::push_number(usize::from(e.port), &mut v);
-    v
+/// The backend slot values, `address . port`, of `eps` in their compact form, end to end in
+/// `buf`: where each ends.
+fn backend_values(eps: &[&Endpoint], buf: &mut Vec<u8>) -> Vec<usize> {
+    eps.iter()
+        .map(|e| {
+            packed::push_addr(e.ip, buf);
+            packed::push_number(usize::from(e.port), buf);
+            buf.len()
+        })
+        .collect()
 }
 
 /// One front end of a service port: the key its packets match, where that key goes, and
@@ -407,17 +420,27 @@ impl<'a> Builder<'a> {
         kind: LbKind,
         eps: &[&Endpoint],
     ) -> String {
-        let wanted: Vec<Vec<u8>> = eps.iter().map(|e| backend_value(e)).collect();
+        // Values as slices of two buffers, not a vector each: fewer allocations.
+        let mut wanted_buf = Vec::with_capacity(eps.len() * 8);
+        let ends = backend_values(eps, &mut wanted_buf);
+        let wanted: Vec<&[u8]> = (0..ends.len())
+            .map(|i| &wanted_buf[i.checked_sub(1).map_or(0, |j| ends[j])..ends[i]])
+            .collect();
         let mut slot_key = Vec::with_capacity(key.len() + 3);
         packed::pack(key, &mut slot_key);
         let front = slot_key.len();
-        let prev = previous_slots(self.previous(backends), &slot_key);
+        let mut prev_buf = Vec::new();
+        let prev: Vec<Option<&[u8]>> =
+            previous_slots(self.previous(backends), &slot_key, &mut prev_buf)
+                .into_iter()
+                .map(|r| r.map(|r| &prev_buf[r]))
+                .collect();
         let slots = assign_slots(&prev, &wanted);
         let n = slots.len();
         // In place, the table holds `prev`: a slot that keeps its endpoint is left alone.
         let held = if self.prev.is_none() { &prev[..] } else { &[] };
         for (i, v) in slots.iter().enumerate() {
-            if held.get(i).is_some_and(|p| p.as_ref() == Some(v)) {
+            if held.get(i).is_some_and(|p| *p == Some(*v)) {
                 continue;
             }
             slot_key.truncate(front);
