@@ -657,8 +657,12 @@ impl Store {
             if old == new {
                 continue;
             }
+            // A port that stays is replaced in place: taking it out first searched the tree
+            // twice more (perf, `agent_e2e` at 100k).
             for (name, _) in &old {
-                self.snapshot.endpoints.remove(name);
+                if !new.iter().any(|(n, _)| n == name) {
+                    self.snapshot.endpoints.remove(name);
+                }
             }
             for (name, eps) in &new {
                 self.snapshot.endpoints.insert(name.clone(), eps.clone());
