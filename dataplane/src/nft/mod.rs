@@ -20,6 +20,7 @@ pub mod packed;
 pub mod plan;
 pub mod sizing;
 pub mod skeleton;
+pub mod slots;
 pub mod tables;
 pub mod verify;
 pub mod wire;
