@@ -48,11 +48,7 @@ fn bench(c: &mut Criterion) {
         let mut generation = 0;
         g.bench_function(BenchmarkId::new("update_and_patch_one_change", n), |b| {
             b.iter(|| {
-                generation += 1;
-                let i = (generation as usize * 7919) % n;
-                synth::replace_endpoint(&mut snap, i, 3, generation);
-                let changed =
-                    std::collections::BTreeSet::from([("bench".to_string(), format!("svc-{i}"))]);
+                let changed = change_one(&mut snap, n, &mut generation);
                 let touched = dataplane::nft::plan::update(&snap, &mut rs, &mut index, &changed)
                     .expect("no front end is contested");
                 black_box(dataplane::nft::diff::patch(&rs, &touched))
@@ -92,11 +88,7 @@ fn bench(c: &mut Criterion) {
         let mut generation = 0;
         g.bench_function(BenchmarkId::new("one_change_partial_sync", n), |b| {
             b.iter(|| {
-                generation += 1;
-                let i = (generation as usize * 7919) % n;
-                synth::replace_endpoint(&mut snap, i, 3, generation);
-                let changed =
-                    std::collections::BTreeSet::from([("bench".to_string(), format!("svc-{i}"))]);
+                let changed = change_one(&mut snap, n, &mut generation);
                 black_box(
                     be.sync(&snap, dataplane::backend::Scope::Services(&changed))
                         .unwrap(),
@@ -105,6 +97,19 @@ fn bench(c: &mut Criterion) {
         });
     }
     g.finish();
+}
+
+/// The next change of a partial-sync bench: one endpoint of a service spread over the `n`
+/// replaced; the changed set as a sync is told it.
+fn change_one(
+    snap: &mut dataplane::model::Snapshot,
+    n: usize,
+    generation: &mut u32,
+) -> std::collections::BTreeSet<(String, String)> {
+    *generation += 1;
+    let i = (*generation as usize * 7919) % n;
+    synth::replace_endpoint(snap, i, 3, *generation);
+    std::collections::BTreeSet::from([("bench".to_string(), format!("svc-{i}"))])
 }
 
 /// A kernel that takes every restore and holds nothing, so that only our side is timed.
@@ -164,13 +169,7 @@ fn bench_ipvs(c: &mut Criterion) {
             BenchmarkId::new("one_change_partial_sync_on_fakes", n),
             |b| {
                 b.iter(|| {
-                    generation += 1;
-                    let i = (generation as usize * 7919) % n;
-                    synth::replace_endpoint(&mut snap, i, 3, generation);
-                    let changed = std::collections::BTreeSet::from([(
-                        "bench".to_string(),
-                        format!("svc-{i}"),
-                    )]);
+                    let changed = change_one(&mut snap, n, &mut generation);
                     black_box(be.sync(&snap, Scope::Services(&changed)).unwrap())
                 })
             },
