@@ -355,7 +355,6 @@ fn write_typed(out: &mut Vec<u8>, o: &Value, kind: &str, api_version: &str) {
     out.push(b'}');
 }
 
-/// A watch event line.
 /// One watch event's line as kube-apiserver writes it: `type` before `object`, the field
 /// order of apimachinery's `metav1.WatchEvent` (`pkg/apis/meta/v1/watch.go`). serde_json's
 /// `json!` sorts keys, putting `object` first, and a decoder that meets the object before
@@ -365,6 +364,7 @@ fn event_line(ty: &str, object: &Value) -> String {
     format!("{{\"type\":\"{ty}\",\"object\":{object}}}")
 }
 
+/// A stored object's watch event line, typed, in [`event_line`]'s order.
 fn write_event(out: &mut Vec<u8>, ty: &str, o: &Value, kind: &str, api_version: &str) {
     out.extend_from_slice(format!("{{\"type\":\"{ty}\",\"object\":").as_bytes());
     write_typed(out, o, kind, api_version);
