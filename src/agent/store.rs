@@ -657,8 +657,8 @@ impl Store {
             if old == new {
                 continue;
             }
-            // A port that stays is replaced in place: taking it out first searched the tree
-            // twice more (perf, `agent_e2e` at 100k).
+            // A port that stays is replaced in place: taking it out first cost another search
+            // of the tree and its rebalancing (perf, `agent_e2e` at 100k).
             for (name, _) in &old {
                 if !new.iter().any(|(n, _)| n == name) {
                     self.snapshot.endpoints.remove(name);

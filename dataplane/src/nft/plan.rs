@@ -232,10 +232,16 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Record `old` as what `set`'s `key` held before the update, unless it changed earlier.
-    fn changed(&mut self, set: &'static str, key: &str, old: Option<Option<String>>) {
+    /// Record what a write in place did to `set`'s `key` (its text built only if it changed
+    /// something), unless the key changed earlier in this update.
+    fn changed(&mut self, set: &'static str, put: Put, key: impl FnOnce() -> String) {
+        let old = match put {
+            Put::Unchanged => return,
+            Put::Added => None,
+            Put::Replaced(old) => Some(old),
+        };
         if let Some(t) = self.touched.as_mut() {
-            t.elements.entry((set, key.to_string())).or_insert(old);
+            t.elements.entry((set, key())).or_insert(old);
         }
     }
 
@@ -247,11 +253,8 @@ impl<'a> Builder<'a> {
             s.elements.insert(key, value);
             return;
         }
-        match s.elements.insert_changed(key, value) {
-            Put::Unchanged => {}
-            Put::Added => self.changed(set, key, None),
-            Put::Replaced(old) => self.changed(set, key, Some(old)),
-        }
+        let put = s.elements.insert_changed(key, value);
+        self.changed(set, put, || key.to_string());
     }
 
     /// [`Builder::put`] of a key and value in their compact form.
@@ -263,11 +266,8 @@ impl<'a> Builder<'a> {
             s.elements.insert_bytes(key, value);
             return;
         }
-        match s.elements.insert_changed_packed(key, value) {
-            Put::Unchanged => {}
-            Put::Added => self.changed(set, &packed::text(key), None),
-            Put::Replaced(old) => self.changed(set, &packed::text(key), Some(old)),
-        }
+        let put = s.elements.insert_changed_packed(key, value);
+        self.changed(set, put, || packed::text(key));
     }
 
     fn take(&mut self, set: &'static str, key: &str) {
@@ -275,7 +275,7 @@ impl<'a> Builder<'a> {
             return;
         };
         if let Some(old) = s.elements.remove(key) {
-            self.changed(set, key, Some(old));
+            self.changed(set, Put::Replaced(old), || key.to_string());
         }
     }
 

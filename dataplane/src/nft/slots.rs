@@ -37,8 +37,8 @@ pub fn assign_slots<T: Ord + Clone>(previous: &[Option<T>], wanted: &[T]) -> Vec
 
 /// Previous slot contents of one front end, read from a backends map: under the front end's
 /// key `front` in its compact form, values in theirs. Slots are compared and written in the
-/// compact form, not as text: formatting and parsing each slot's key and value was a third
-/// of laying a service out again (perf, `agent_e2e` at 10k).
+/// compact form, not as text: formatting and parsing each slot's key and value was about a
+/// quarter of laying a service out again (perf, `agent_e2e` at 10k).
 ///
 /// The values are copied end to end into `buf`, and each slot's is a range of it.
 pub fn previous_slots(
